@@ -1,0 +1,190 @@
+//! Types shared by the tc program (`shaper-ebpf`) and userspace (`shaper-daemon`).
+//!
+//! Every struct here is a BPF map key or value: `#[repr(C)]`, no `bool`, explicit padding
+//! and a compile-time size assertion, so that the kernel side and the userspace side agree
+//! byte for byte. The `user` feature adds `aya::Pod` implementations.
+#![no_std]
+
+/// Most classes across all interfaces. Class ids index the class arrays directly.
+pub const MAX_CLASSES: u32 = 1024;
+/// Most shaped interfaces.
+pub const MAX_INTERFACES: u32 = 64;
+/// Most distinct rule shapes ("tuples"). A packet costs one hash lookup per tuple that can
+/// still beat the best match found so far, whatever the number of rules.
+pub const MAX_TUPLES: u32 = 32;
+/// Most compiled rule entries (one rule with a port range may need several).
+pub const MAX_RULE_ENTRIES: u32 = 65536;
+/// Port interval ids (one array slot per port number).
+pub const PORT_SLOTS: u32 = 65536;
+
+/// Map names, as they appear in the object file.
+pub mod maps {
+    pub const IFACES: &str = "IFACES";
+    pub const TUPLES: &str = "TUPLES";
+    pub const RULES: &str = "RULES";
+    pub const SPORT_IDS: &str = "SPORT_IDS";
+    pub const DPORT_IDS: &str = "DPORT_IDS";
+    pub const CLASS_CONFIG: &str = "CLASS_CONFIG";
+    pub const CLASS_STATE: &str = "CLASS_STATE";
+    pub const CLASS_STATS: &str = "CLASS_STATS";
+    pub const GLOBALS: &str = "GLOBALS";
+}
+
+/// Name of the tc program in the object file.
+pub const PROGRAM_NAME: &str = "shaper_egress";
+
+/// `IfaceConfig::flags`: the interface is shaped (the slot is in use).
+pub const IFACE_ENABLED: u32 = 1;
+
+/// Per-interface settings, keyed by ifindex in `IFACES`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IfaceConfig {
+    /// Interface slot: the `iface` field of rule keys.
+    pub slot: u32,
+    /// Class of packets that match no rule (and of packets that cannot be parsed).
+    pub default_class: u32,
+    /// Bytes added to every packet on the wire (PPPoE, ATM cell framing, preamble...).
+    /// May be negative, as with tc's `overhead`, to subtract headers the link does not carry.
+    pub overhead: i32,
+    pub flags: u32,
+}
+
+/// Number of tuples in use, and other global knobs; one entry in `GLOBALS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Globals {
+    /// How many entries of `TUPLES` are valid (they are packed from index 0).
+    pub tuple_count: u32,
+    pub _pad: u32,
+}
+
+/// The fields a packet is classified on. The same layout is the key of `RULES`: a rule is
+/// stored with every field it does not test zeroed, and the packet's key is masked by the
+/// rule's tuple before the lookup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RuleKey {
+    /// Tuple id (set from the tuple, not from the packet).
+    pub tuple: u16,
+    /// Interface slot; always part of the match.
+    pub iface: u16,
+    /// 4 or 6; 0 for packets that are neither.
+    pub family: u8,
+    /// IP protocol number (for IPv6: the upper-layer protocol after extension headers).
+    pub proto: u8,
+    /// DSCP, the upper six bits of the TOS / traffic class byte.
+    pub dscp: u8,
+    pub _pad: u8,
+    /// `skb->mark` (fwmark).
+    pub mark: u32,
+    /// Source port interval id (0: the packet has no ports).
+    pub sport: u16,
+    /// Destination port interval id (0: the packet has no ports).
+    pub dport: u16,
+    /// Source address; IPv4 addresses use the first four bytes.
+    pub src: [u8; 16],
+    /// Destination address; IPv4 addresses use the first four bytes.
+    pub dst: [u8; 16],
+}
+
+/// `RuleKey` as 64-bit words, the unit in which tuple masks are applied.
+pub const RULE_KEY_WORDS: usize = 6;
+
+/// One tuple: the mask of the fields that its rules test, and the smallest rule index
+/// (file order) among its rules, so the datapath can stop once no later tuple can win.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tuple {
+    pub mask: [u64; RULE_KEY_WORDS],
+    pub min_rule: u32,
+    pub _pad: u32,
+}
+
+/// Value of a `RULES` entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleTarget {
+    /// Position of the rule in the configuration (first rule = 0); lower wins.
+    pub rule: u32,
+    /// Class id.
+    pub class: u32,
+}
+
+/// Per-class pacing parameters, written by the daemon (`CLASS_CONFIG`, indexed by class id).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassConfig {
+    /// Current rate in bytes per second; 0 means the class is not in use (packets pass
+    /// unpaced and are counted as `unclassified`).
+    pub rate_bytes: u64,
+    /// Packets that would leave later than `now + horizon_ns` are dropped.
+    pub horizon_ns: u64,
+}
+
+/// Per-class pacing state (`CLASS_STATE`, indexed by class id). Several CPUs update it at
+/// once; the datapath changes `next_ns` only with compare-and-exchange.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassState {
+    /// Earliest departure time (CLOCK_MONOTONIC ns) of the class's next packet.
+    pub next_ns: u64,
+}
+
+/// Per-class, per-CPU counters (`CLASS_STATS`, a per-CPU array indexed by class id).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    /// Wire bytes and packets (segments for GSO packets) sent.
+    pub bytes: u64,
+    pub packets: u64,
+    /// Dropped because the departure time was beyond the horizon.
+    pub drop_horizon_bytes: u64,
+    pub drop_horizon_packets: u64,
+    /// Dropped because the class's pacing state could not be updated (contention).
+    pub drop_contention_packets: u64,
+    /// Packets given a departure time in the future, and the sum of those delays.
+    pub delayed_packets: u64,
+    pub delay_ns_total: u64,
+    /// Packets that reached a class with no rate set (passed unpaced).
+    pub unpaced_packets: u64,
+}
+
+impl ClassStats {
+    /// Sums per-CPU values.
+    #[must_use]
+    pub fn add(mut self, o: &Self) -> Self {
+        self.bytes += o.bytes;
+        self.packets += o.packets;
+        self.drop_horizon_bytes += o.drop_horizon_bytes;
+        self.drop_horizon_packets += o.drop_horizon_packets;
+        self.drop_contention_packets += o.drop_contention_packets;
+        self.delayed_packets += o.delayed_packets;
+        self.delay_ns_total += o.delay_ns_total;
+        self.unpaced_packets += o.unpaced_packets;
+        self
+    }
+}
+
+const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 16);
+const _: () = assert!(core::mem::size_of::<Globals>() == 8);
+const _: () = assert!(core::mem::size_of::<RuleKey>() == RULE_KEY_WORDS * 8);
+const _: () = assert!(core::mem::size_of::<Tuple>() == 56);
+const _: () = assert!(core::mem::size_of::<RuleTarget>() == 8);
+const _: () = assert!(core::mem::size_of::<ClassConfig>() == 16);
+const _: () = assert!(core::mem::size_of::<ClassState>() == 8);
+const _: () = assert!(core::mem::size_of::<ClassStats>() == 64);
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all of these are `#[repr(C)]`, made only of integers, with explicit padding,
+    // so every bit pattern is valid and there are no uninitialised bytes.
+    unsafe impl aya::Pod for super::IfaceConfig {}
+    unsafe impl aya::Pod for super::Globals {}
+    unsafe impl aya::Pod for super::RuleKey {}
+    unsafe impl aya::Pod for super::Tuple {}
+    unsafe impl aya::Pod for super::RuleTarget {}
+    unsafe impl aya::Pod for super::ClassConfig {}
+    unsafe impl aya::Pod for super::ClassState {}
+    unsafe impl aya::Pod for super::ClassStats {}
+}
