@@ -35,6 +35,9 @@ pub const PROGRAM_NAME: &str = "shaper_egress";
 
 /// `IfaceConfig::flags`: the interface is shaped (the slot is in use).
 pub const IFACE_ENABLED: u32 = 1;
+/// `IfaceConfig::flags`: the interface has no link-layer header (tun, WireGuard, PPP), so
+/// packets start with the IP header.
+pub const IFACE_L3: u32 = 2;
 
 /// Per-interface settings, keyed by ifindex in `IFACES`.
 #[repr(C)]

@@ -1,0 +1,57 @@
+//! Classification: first matching rule in file order wins, at a cost that does not grow with
+//! the number of rules.
+//!
+//! Userspace groups rules by their *tuple*: which fields they test and with which prefix
+//! lengths (a tuple-space search). All rules of one tuple sit in one hash map under the
+//! packet key masked by the tuple, so a tuple costs one lookup whatever its number of rules.
+//! Tuples are sorted by the smallest rule index they hold, so once a match is found, every
+//! tuple whose smallest index is larger can be skipped.
+
+use shaper_common::{RuleKey, RuleTarget, MAX_TUPLES, RULE_KEY_WORDS};
+
+use crate::{DPORT_IDS, GLOBALS, RULES, SPORT_IDS, TUPLES};
+
+/// Replaces raw ports in the key by their interval ids (the unit rules are compiled in).
+#[inline(always)]
+pub fn port_ids(key: &mut RuleKey, sport: u16, dport: u16) {
+    key.sport = SPORT_IDS.get(u32::from(sport)).copied().unwrap_or(0);
+    key.dport = DPORT_IDS.get(u32::from(dport)).copied().unwrap_or(0);
+}
+
+/// Returns the target of the first rule (in file order) that matches `key`.
+#[inline(always)]
+pub fn classify(key: &RuleKey) -> Option<RuleTarget> {
+    let count = GLOBALS.get(0).map_or(0, |g| g.tuple_count);
+    // SAFETY: RuleKey is repr(C), RULE_KEY_WORDS * 8 bytes long (asserted in shaper-common),
+    // and read_unaligned copes with its 4-byte alignment.
+    let words: [u64; RULE_KEY_WORDS] =
+        unsafe { core::ptr::read_unaligned(core::ptr::from_ref(key).cast()) };
+    let mut best: Option<RuleTarget> = None;
+    let mut best_rule = u32::MAX;
+    for i in 0..MAX_TUPLES {
+        if i >= count {
+            break;
+        }
+        let Some(tuple) = TUPLES.get(i) else { break };
+        if tuple.min_rule >= best_rule {
+            break;
+        }
+        let mut masked = [0u64; RULE_KEY_WORDS];
+        for w in 0..RULE_KEY_WORDS {
+            masked[w] = words[w] & tuple.mask[w];
+        }
+        // The tuple id is the key's first field (bits 0..16 of word 0 on little endian);
+        // masks never keep those bits.
+        masked[0] |= u64::from(i as u16);
+        // SAFETY: same layout argument as above, in the other direction.
+        let lookup: RuleKey = unsafe { core::ptr::read_unaligned(masked.as_ptr().cast()) };
+        // SAFETY: the value is copied out at once; entries are replaced whole by userspace.
+        if let Some(target) = unsafe { RULES.get(&lookup) } {
+            if target.rule < best_rule {
+                best_rule = target.rule;
+                best = Some(*target);
+            }
+        }
+    }
+    best
+}

@@ -1,0 +1,78 @@
+//! Earliest departure time pacing, after Cilium's `bpf/lib/edt.h`: each class has a virtual
+//! clock `next`; a packet departs at `t = max(now, next)` and moves the clock to
+//! `t + wire_len / rate`. The `fq` qdisc holds each packet until its `skb->tstamp`.
+//!
+//! Unlike edt.h, which reads and writes the clock without synchronisation, several CPUs may
+//! send in one class at once here, so the clock only moves by atomic operations: a
+//! backlogged class (clock ahead of `t0`) takes its slot with one fetch-and-add, which is exact
+//! under any contention; an idle class restarts its clock with compare-and-exchange.
+
+use core::intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering};
+
+/// Atomic compare-and-exchange on a u64 (BPF_ATOMIC | BPF_CMPXCHG).
+///
+/// `core::sync::atomic` is not available: the bpfel target declares no CAS support (it
+/// depends on the ISA version, chosen with `-C target-cpu=v3` in shaper-daemon/build.rs).
+#[inline(always)]
+unsafe fn cas(dst: *mut u64, old: u64, new: u64) -> bool {
+    // SAFETY: forwarded to the caller.
+    unsafe { atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(dst, old, new).1 }
+}
+
+/// Atomic fetch-and-add on a u64 (BPF_ATOMIC | BPF_ADD | BPF_FETCH); returns the old value.
+#[inline(always)]
+unsafe fn fetch_add(dst: *mut u64, v: u64) -> u64 {
+    // SAFETY: forwarded to the caller.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(dst, v) }
+}
+
+/// Outcome of pacing one packet.
+pub enum Verdict {
+    /// Leave at this time (CLOCK_MONOTONIC ns); `delay` = departure − now.
+    Send { depart: u64, delay: u64 },
+    /// The departure would be later than the horizon.
+    Horizon,
+}
+
+/// Compare-and-exchange attempts before an idle class is treated as backlogged.
+const CAS_ATTEMPTS: usize = 4;
+
+/// Paces one packet of `wire_len` bytes at `rate` bytes/s. `t0` is the earliest the packet
+/// may leave (now, or a later departure time an upper layer already set), `now` the current
+/// CLOCK_MONOTONIC time.
+///
+/// # Safety
+/// `next` must point into a map value that stays valid for the call.
+#[inline(always)]
+pub unsafe fn pace(next: *mut u64, wire_len: u64, rate: u64, t0: u64, now: u64, horizon: u64) -> Verdict {
+    let cost = wire_len * 1_000_000_000 / rate;
+    for _ in 0..CAS_ATTEMPTS {
+        // SAFETY: `next` is valid (caller) and 8-byte aligned (map value of u64 fields).
+        let last = unsafe { core::ptr::read_volatile(next) };
+        if last > t0 {
+            break;
+        }
+        // The class is idle: the packet may leave at t0, and the clock restarts from there.
+        if t0 - now > horizon {
+            return Verdict::Horizon;
+        }
+        // SAFETY: as above.
+        let swapped = unsafe { cas(next, last, t0 + cost) };
+        if swapped {
+            return Verdict::Send { depart: t0, delay: t0 - now };
+        }
+    }
+    // Backlogged: take the next slot. The clock only ever moves forward, so `old` is at least
+    // what was read above; if a racing restart left it just below t0, leaving at t0 is at most
+    // one packet early.
+    // SAFETY: as above.
+    let old = unsafe { fetch_add(next, cost) };
+    let depart = if old > t0 { old } else { t0 };
+    if depart - now > horizon {
+        // Give the slot back: the packet is not sent.
+        // SAFETY: as above.
+        unsafe { fetch_add(next, cost.wrapping_neg()) };
+        return Verdict::Horizon;
+    }
+    Verdict::Send { depart, delay: depart - now }
+}

@@ -1,0 +1,174 @@
+//! The shaper datapath: a tc egress classifier.
+//!
+//! For each packet: parse the headers, classify into a class (first matching rule in file
+//! order, else the interface's default class), count it, and give it an earliest departure
+//! time from the class's rate; the `fq` qdisc holds it until then. Userspace (shaperd) owns
+//! every map: it compiles the rules, sets each class's rate, and reads the counters.
+#![no_std]
+#![no_main]
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
+
+mod classify;
+mod edt;
+mod parse;
+
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    helpers::bpf_ktime_get_ns,
+    macros::{classifier, map},
+    maps::{Array, HashMap, PerCpuArray},
+    programs::TcContext,
+};
+use shaper_common::{
+    ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple,
+    IFACE_L3, MAX_CLASSES, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS,
+};
+
+#[map]
+static IFACES: HashMap<u32, IfaceConfig> = HashMap::with_max_entries(MAX_INTERFACES, 0);
+#[map]
+static GLOBALS: Array<Globals> = Array::with_max_entries(1, 0);
+#[map]
+static TUPLES: Array<Tuple> = Array::with_max_entries(MAX_TUPLES, 0);
+#[map]
+static RULES: HashMap<RuleKey, RuleTarget> = HashMap::with_max_entries(MAX_RULE_ENTRIES, 0);
+#[map]
+static SPORT_IDS: Array<u16> = Array::with_max_entries(PORT_SLOTS, 0);
+#[map]
+static DPORT_IDS: Array<u16> = Array::with_max_entries(PORT_SLOTS, 0);
+#[map]
+static CLASS_CONFIG: Array<ClassConfig> = Array::with_max_entries(MAX_CLASSES, 0);
+#[map]
+static CLASS_STATE: Array<ClassState> = Array::with_max_entries(MAX_CLASSES, 0);
+#[map]
+static CLASS_STATS: PerCpuArray<ClassStats> = PerCpuArray::with_max_entries(MAX_CLASSES, 0);
+
+/// `__sk_buff.tstamp_type` value for a CLOCK_MONOTONIC delivery time
+/// (`BPF_SKB_TSTAMP_DELIVERY_MONO` since 5.18, renamed `BPF_SKB_CLOCK_MONOTONIC` in 6.11).
+const TSTAMP_MONO: u8 = 1;
+
+#[classifier]
+pub fn shaper_egress(ctx: TcContext) -> i32 {
+    // Anything unexpected lets the packet through unshaped rather than dropping traffic.
+    try_egress(&ctx).unwrap_or(TC_ACT_OK)
+}
+
+fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
+    let skb = ctx.skb.skb;
+    // SAFETY: the context pointer is valid for the whole program run.
+    let ifindex = unsafe { (*skb).ifindex };
+    // SAFETY: value copied out at once.
+    let iface = unsafe { IFACES.get(&ifindex) }.copied().ok_or(())?;
+
+    let mut key = RuleKey { iface: iface.slot as u16, ..RuleKey::default() };
+    // SAFETY: as above.
+    key.mark = unsafe { (*skb).mark };
+    let (class, hdr_len) = match parse::parse(ctx, iface.flags & IFACE_L3 != 0, &mut key) {
+        Ok(p) => {
+            if p.has_ports {
+                classify::port_ids(&mut key, p.sport, p.dport);
+            }
+            let class = classify::classify(&key).map_or(iface.default_class, |t| t.class);
+            (class, p.hdr_len)
+        }
+        Err(parse::Malformed) => (iface.default_class, 0),
+    };
+    Ok(shape(ctx, class, hdr_len, iface.overhead))
+}
+
+/// Bytes this skb puts on the wire. A GSO packet leaves as `gso_segs` segments, each with
+/// its own copy of the headers; qdiscs count it the same way (`qdisc_pkt_len_init`).
+#[inline(always)]
+fn wire_len(len: u32, gso_segs: u32, hdr_len: u32, overhead: i32) -> u64 {
+    let segs = u64::from(gso_segs.max(1));
+    let bytes = u64::from(len) + (segs - 1) * u64::from(hdr_len);
+    let framed = bytes as i64 + i64::from(overhead) * segs as i64;
+    if framed < 1 {
+        1
+    } else {
+        framed as u64
+    }
+}
+
+#[inline(always)]
+fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32) -> i32 {
+    let skb = ctx.skb.skb;
+    let Some(stats) = CLASS_STATS.get_ptr_mut(class) else { return TC_ACT_OK };
+    // SAFETY: per-CPU value: only this CPU writes it, and tc programs run with migration
+    // disabled, so plain increments are not lost.
+    let stats = unsafe { &mut *stats };
+    // SAFETY: the context pointer is valid for the whole program run.
+    let (len, gso_segs) = unsafe { ((*skb).len, (*skb).gso_segs) };
+    let segs = u64::from(gso_segs.max(1));
+    let bytes = wire_len(len, gso_segs, hdr_len, overhead);
+
+    let config = match CLASS_CONFIG.get(class) {
+        Some(c) if c.rate_bytes > 0 => *c,
+        _ => {
+            stats.unpaced_packets += segs;
+            stats.bytes += bytes;
+            stats.packets += segs;
+            return TC_ACT_OK;
+        }
+    };
+    let Some(state) = CLASS_STATE.get_ptr_mut(class) else { return TC_ACT_OK };
+
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // A departure time already in the skb is honoured only if it is a CLOCK_MONOTONIC
+    // delivery time (set by TCP pacing or another EDT layer on this host). A forwarded packet
+    // may carry its receive timestamp, on CLOCK_REALTIME; the forwarding path clears it
+    // (skb_clear_tstamp() in ip_forward_finish/ip6_forward_finish keeps only mono delivery
+    // times), and tstamp_type tells the two apart (kernel 5.18+).
+    // SAFETY: as above.
+    let (tstamp, tstamp_type) = unsafe { ((*skb).tstamp, (*skb).tstamp_type) };
+    let t0 = if tstamp_type == TSTAMP_MONO && tstamp > now && tstamp - now <= config.horizon_ns {
+        tstamp
+    } else {
+        now
+    };
+
+    // SAFETY: `state` points into an array map value that lives as long as the map.
+    let verdict = unsafe {
+        edt::pace(
+            core::ptr::addr_of_mut!((*state).next_ns),
+            bytes,
+            config.rate_bytes,
+            t0,
+            now,
+            config.horizon_ns,
+        )
+    };
+    match verdict {
+        edt::Verdict::Send { depart, delay } => {
+            if delay > 0 {
+                stats.delayed_packets += segs;
+                stats.delay_ns_total += delay;
+            }
+            stats.bytes += bytes;
+            stats.packets += segs;
+            if depart != tstamp {
+                // SAFETY: writing tstamp is allowed at tc egress; a write there marks the
+                // skb's timestamp as a mono delivery time (bpf_convert_tstamp_write()).
+                unsafe { (*skb).tstamp = depart };
+            }
+            TC_ACT_OK
+        }
+        edt::Verdict::Horizon => {
+            stats.drop_horizon_packets += segs;
+            stats.drop_horizon_bytes += bytes;
+            TC_ACT_SHOT
+        }
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[link_section = "license"]
+#[no_mangle]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
