@@ -9,6 +9,8 @@
 //! - [`api`]: the control protocol between `shaperctl` and `shaperd`;
 //! - [`daemon`]: wiring, signals and shutdown.
 
+pub mod bpf;
 pub mod config;
 pub mod qdisc;
 pub mod rate;
+pub mod rules;

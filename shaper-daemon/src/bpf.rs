@@ -1,0 +1,264 @@
+//! The embedded tc program: loading, attaching at egress, and typed access to its maps.
+//!
+//! The object is built from `shaper-ebpf` by `build.rs` and embedded in the binary, so
+//! `shaperd` has no file to find at run time.
+
+use std::collections::HashMap as StdHashMap;
+
+use aya::{
+    maps::{Array, HashMap, MapData, MapError, PerCpuArray},
+    programs::{
+        tc::{self, SchedClassifierLinkId, TcError},
+        ProgramError, SchedClassifier, TcAttachType,
+    },
+    util::KernelVersion,
+    Ebpf, EbpfError, EbpfLoader,
+};
+use shaper_common::{
+    maps, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple,
+    MAX_CLASSES, PROGRAM_NAME,
+};
+
+use crate::rules::Compiled;
+
+/// The tc program, compiled for `bpfel-unknown-none`.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shaper.bpf.o"));
+
+/// Errors from loading, attaching or accessing the datapath.
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    #[error("loading the embedded BPF object")]
+    Load(#[source] EbpfError),
+    #[error("the BPF object has no program `{PROGRAM_NAME}`, or it is not a tc classifier")]
+    NoProgram(#[source] Option<ProgramError>),
+    #[error("the kernel rejected the tc program")]
+    Verify(#[source] ProgramError),
+    #[error("the BPF object has no map `{0}`")]
+    NoMap(&'static str),
+    #[error("map `{name}`: {action}")]
+    Map {
+        name: &'static str,
+        action: String,
+        #[source]
+        source: MapError,
+    },
+    #[error("adding the clsact qdisc to {iface}")]
+    Clsact {
+        iface: String,
+        #[source]
+        source: TcError,
+    },
+    #[error("attaching the tc program to egress of {iface}")]
+    Attach {
+        iface: String,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("detaching the tc program from {iface}")]
+    Detach {
+        iface: String,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("class id {0} is out of range (at most {MAX_CLASSES} classes)")]
+    ClassId(u32),
+}
+
+fn map_err(name: &'static str, action: impl Into<String>) -> impl FnOnce(MapError) -> BpfError {
+    let action = action.into();
+    move |source| BpfError::Map { name, action, source }
+}
+
+/// How the program is attached to an interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachMode {
+    /// A TCX link (kernel 6.6 and later).
+    Tcx,
+    /// A cls_bpf filter under the clsact qdisc (older kernels).
+    Clsact,
+}
+
+/// The loaded datapath: the program, its attachments and its maps.
+pub struct Datapath {
+    ebpf: Ebpf,
+    ifaces: HashMap<MapData, u32, IfaceConfig>,
+    globals: Array<MapData, Globals>,
+    tuples: Array<MapData, Tuple>,
+    rules: HashMap<MapData, RuleKey, RuleTarget>,
+    sport_ids: Array<MapData, u16>,
+    dport_ids: Array<MapData, u16>,
+    class_config: Array<MapData, ClassConfig>,
+    class_state: Array<MapData, ClassState>,
+    class_stats: PerCpuArray<MapData, ClassStats>,
+    links: Vec<(String, SchedClassifierLinkId)>,
+    /// Interfaces whose clsact qdisc this process added (removed again on detach).
+    added_clsact: Vec<String>,
+}
+
+fn take<T: TryFrom<aya::maps::Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, BpfError> {
+    let map = ebpf.take_map(name).ok_or(BpfError::NoMap(name))?;
+    T::try_from(map).map_err(map_err(name, "unexpected map type"))
+}
+
+impl Datapath {
+    /// Loads the embedded object and the program into the kernel (not yet attached).
+    pub fn load() -> Result<Self, BpfError> {
+        let mut ebpf = EbpfLoader::new().load(OBJECT).map_err(BpfError::Load)?;
+        let program: &mut SchedClassifier = ebpf
+            .program_mut(PROGRAM_NAME)
+            .ok_or(BpfError::NoProgram(None))?
+            .try_into()
+            .map_err(|e| BpfError::NoProgram(Some(e)))?;
+        program.load().map_err(BpfError::Verify)?;
+        Ok(Self {
+            ifaces: take(&mut ebpf, maps::IFACES)?,
+            globals: take(&mut ebpf, maps::GLOBALS)?,
+            tuples: take(&mut ebpf, maps::TUPLES)?,
+            rules: take(&mut ebpf, maps::RULES)?,
+            sport_ids: take(&mut ebpf, maps::SPORT_IDS)?,
+            dport_ids: take(&mut ebpf, maps::DPORT_IDS)?,
+            class_config: take(&mut ebpf, maps::CLASS_CONFIG)?,
+            class_state: take(&mut ebpf, maps::CLASS_STATE)?,
+            class_stats: take(&mut ebpf, maps::CLASS_STATS)?,
+            ebpf,
+            links: Vec::new(),
+            added_clsact: Vec::new(),
+        })
+    }
+
+    /// The loaded program (for `BPF_PROG_TEST_RUN`).
+    #[must_use]
+    pub fn program(&self) -> &SchedClassifier {
+        self.ebpf
+            .program(PROGRAM_NAME)
+            .and_then(|p| <&SchedClassifier>::try_from(p).ok())
+            .expect("checked in load()")
+    }
+
+    fn program_mut(&mut self) -> &mut SchedClassifier {
+        self.ebpf
+            .program_mut(PROGRAM_NAME)
+            .and_then(|p| <&mut SchedClassifier>::try_from(p).ok())
+            .expect("checked in load()")
+    }
+
+    /// The mechanism `attach` uses on this kernel.
+    #[must_use]
+    pub fn attach_mode() -> AttachMode {
+        // The same test aya's `SchedClassifier::attach` makes to choose TCX.
+        if KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0)) {
+            AttachMode::Tcx
+        } else {
+            AttachMode::Clsact
+        }
+    }
+
+    /// Attaches the program at egress of `iface`: a TCX link where the kernel has TCX,
+    /// otherwise a filter under clsact (added first if missing).
+    pub fn attach(&mut self, iface: &str) -> Result<AttachMode, BpfError> {
+        let mode = Self::attach_mode();
+        if mode == AttachMode::Clsact {
+            match tc::qdisc_add_clsact(iface) {
+                Ok(()) => self.added_clsact.push(iface.to_owned()),
+                Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(source) => return Err(BpfError::Clsact { iface: iface.to_owned(), source }),
+            }
+        }
+        let link = self
+            .program_mut()
+            .attach(iface, TcAttachType::Egress)
+            .map_err(|source| BpfError::Attach { iface: iface.to_owned(), source })?;
+        self.links.push((iface.to_owned(), link));
+        Ok(mode)
+    }
+
+    /// Detaches from every interface. Returns the interfaces whose clsact qdisc this process
+    /// added, for the caller to remove (see [`crate::qdisc::delete_clsact`]).
+    pub fn detach_all(&mut self) -> Result<Vec<String>, BpfError> {
+        let mut first_err = None;
+        for (iface, link) in std::mem::take(&mut self.links) {
+            if let Err(source) = self.program_mut().detach(link) {
+                first_err.get_or_insert(BpfError::Detach { iface, source });
+            }
+        }
+        let added = std::mem::take(&mut self.added_clsact);
+        first_err.map_or(Ok(added), Err)
+    }
+
+    /// Interface names the program is attached to.
+    pub fn attached(&self) -> impl Iterator<Item = &str> {
+        self.links.iter().map(|(i, _)| i.as_str())
+    }
+
+    /// Sets an interface's slot, default class and overhead.
+    pub fn set_iface(&mut self, ifindex: u32, config: IfaceConfig) -> Result<(), BpfError> {
+        self.ifaces.insert(ifindex, config, 0).map_err(map_err(maps::IFACES, format!("setting ifindex {ifindex}")))
+    }
+
+    /// Writes compiled rules. Entries go in before the tuple count that makes them
+    /// reachable, so a packet never sees a tuple without its entries.
+    pub fn load_rules(&mut self, compiled: &Compiled) -> Result<(), BpfError> {
+        for (port, (&s, &d)) in compiled.sport_ids.iter().zip(&compiled.dport_ids).enumerate() {
+            let port = u32::try_from(port).expect("65536 ports");
+            if s != 0 {
+                self.sport_ids.set(port, s, 0).map_err(map_err(maps::SPORT_IDS, format!("port {port}")))?;
+            }
+            if d != 0 {
+                self.dport_ids.set(port, d, 0).map_err(map_err(maps::DPORT_IDS, format!("port {port}")))?;
+            }
+        }
+        for (key, target) in &compiled.entries {
+            self.rules
+                .insert(key, target, 0)
+                .map_err(map_err(maps::RULES, format!("inserting the entry of rule {}", target.rule)))?;
+        }
+        for (i, tuple) in compiled.tuples.iter().enumerate() {
+            let i = u32::try_from(i).expect("at most MAX_TUPLES");
+            self.tuples.set(i, tuple, 0).map_err(map_err(maps::TUPLES, format!("tuple {i}")))?;
+        }
+        let count = u32::try_from(compiled.tuples.len()).expect("at most MAX_TUPLES");
+        self.globals
+            .set(0, Globals { tuple_count: count, _pad: 0 }, 0)
+            .map_err(map_err(maps::GLOBALS, "setting the tuple count"))
+    }
+
+    /// Sets a class's rate (bytes/s; 0 = unpaced) and drop horizon.
+    pub fn set_class(&mut self, class: u32, config: ClassConfig) -> Result<(), BpfError> {
+        if class >= MAX_CLASSES {
+            return Err(BpfError::ClassId(class));
+        }
+        self.class_config.set(class, config, 0).map_err(map_err(maps::CLASS_CONFIG, format!("class {class}")))
+    }
+
+    /// A class's current pacing parameters.
+    pub fn class_config(&self, class: u32) -> Result<ClassConfig, BpfError> {
+        self.class_config.get(&class, 0).map_err(map_err(maps::CLASS_CONFIG, format!("reading class {class}")))
+    }
+
+    /// A class's pacing clock.
+    pub fn class_state(&self, class: u32) -> Result<ClassState, BpfError> {
+        self.class_state.get(&class, 0).map_err(map_err(maps::CLASS_STATE, format!("reading class {class}")))
+    }
+
+    /// A class's counters, summed over CPUs.
+    pub fn class_stats(&self, class: u32) -> Result<ClassStats, BpfError> {
+        let per_cpu = self
+            .class_stats
+            .get(&class, 0)
+            .map_err(map_err(maps::CLASS_STATS, format!("reading class {class}")))?;
+        Ok(per_cpu.iter().fold(ClassStats::default(), |acc, s| acc.add(s)))
+    }
+
+    /// Every class's counters.
+    pub fn all_stats(&self, classes: u32) -> Result<StdHashMap<u32, ClassStats>, BpfError> {
+        (0..classes).map(|c| Ok((c, self.class_stats(c)?))).collect()
+    }
+}
+
+impl Drop for Datapath {
+    fn drop(&mut self) {
+        if let Err(e) = self.detach_all() {
+            tracing::warn!(error = %e, "detaching on drop");
+        }
+    }
+}

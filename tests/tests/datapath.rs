@@ -1,0 +1,285 @@
+//! The tc program on the host kernel, driven by `BPF_PROG_TEST_RUN` on crafted packets:
+//! classification, departure timestamps, drops and counters, read back from the maps.
+//! Needs root.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use shaper::{
+    bpf::Datapath,
+    rules::{compile, RuleSpec},
+};
+use shaper_common::{ClassConfig, IfaceConfig, IFACE_ENABLED};
+use shaper_tests::{ipv4, ipv6, monotonic_ns, require_root, run, Frame, SkbCtx, L4, TC_ACT_OK, TC_ACT_SHOT};
+
+/// `BPF_PROG_TEST_RUN` runs tc programs on the loopback device.
+const LO: u32 = 1;
+const DEFAULT: u32 = 9;
+const SECOND: u64 = 1_000_000_000;
+
+fn rule(index: u32, class: u32) -> RuleSpec {
+    RuleSpec { index, line: index as usize + 1, class, iface_slot: 0, src: None, dst: None, proto: None, sport: None, dport: None, mark: None, dscp: None }
+}
+
+/// A datapath with `rules` loaded, the loopback device shaped with default class `DEFAULT`,
+/// and classes 0..=DEFAULT unpaced unless set later.
+fn datapath(rules: &[RuleSpec]) -> Datapath {
+    require_root();
+    let mut dp = Datapath::load().expect("loading the tc program");
+    dp.set_iface(LO, IfaceConfig { slot: 0, default_class: DEFAULT, overhead: 0, flags: IFACE_ENABLED }).unwrap();
+    dp.load_rules(&compile(rules).unwrap()).unwrap();
+    dp
+}
+
+/// Runs one packet and returns the class whose packet counter moved.
+fn class_of(dp: &Datapath, packet: &[u8], ctx: SkbCtx) -> u32 {
+    let before: Vec<u64> = (0..=DEFAULT).map(|c| dp.class_stats(c).unwrap().packets).collect();
+    let r = run(dp, packet, ctx, 1);
+    assert_eq!(r.action, TC_ACT_OK);
+    let moved: Vec<u32> = (0..=DEFAULT).filter(|&c| dp.class_stats(c).unwrap().packets != before[c as usize]).collect();
+    assert_eq!(moved.len(), 1, "exactly one class must count the packet, got {moved:?}");
+    moved[0]
+}
+
+fn v4(src: [u8; 4], dst: [u8; 4], l4: L4) -> Vec<u8> {
+    ipv4(&Frame::default(), Ipv4Addr::from(src), Ipv4Addr::from(dst), l4)
+}
+
+const TCP: L4 = L4::Tcp { sport: 40000, dport: 443 };
+
+#[test]
+fn classifies_by_each_rule_kind() {
+    let rules = vec![
+        RuleSpec { src: Some("192.168.1.110/32".parse().unwrap()), ..rule(0, 1) },
+        RuleSpec { dst: Some("10.20.0.0/16".parse().unwrap()), ..rule(1, 2) },
+        RuleSpec { proto: Some(1), ..rule(2, 3) },
+        RuleSpec { dport: Some((3072, 4095)), ..rule(3, 4) },
+        RuleSpec { sport: Some((53, 53)), proto: Some(17), ..rule(4, 5) },
+        RuleSpec { mark: Some(0x42), ..rule(5, 6) },
+        RuleSpec { dscp: Some(46), ..rule(6, 7) },
+        RuleSpec { src: Some("fd00:1::/64".parse().unwrap()), ..rule(7, 8) },
+    ];
+    let dp = datapath(&rules);
+    let ctx = SkbCtx::default();
+    let other = [172, 16, 0, 1];
+    assert_eq!(class_of(&dp, &v4([192, 168, 1, 110], other, TCP), ctx), 1);
+    assert_eq!(class_of(&dp, &v4(other, [10, 20, 3, 4], TCP), ctx), 2);
+    assert_eq!(class_of(&dp, &v4(other, other, L4::Icmp), ctx), 3);
+    assert_eq!(class_of(&dp, &v4(other, other, L4::Tcp { sport: 1, dport: 4000 }), ctx), 4);
+    assert_eq!(class_of(&dp, &v4(other, other, L4::Tcp { sport: 1, dport: 4096 }), ctx), DEFAULT);
+    assert_eq!(class_of(&dp, &v4(other, other, L4::Udp { sport: 53, dport: 9 }), ctx), 5);
+    assert_eq!(class_of(&dp, &v4(other, other, L4::Tcp { sport: 53, dport: 9 }), ctx), DEFAULT);
+    assert_eq!(class_of(&dp, &v4(other, other, TCP), SkbCtx { mark: 0x42, ..ctx }), 6);
+    let ef = ipv4(&Frame { tos: 46 << 2, ..Frame::default() }, Ipv4Addr::from(other), Ipv4Addr::from(other), TCP);
+    assert_eq!(class_of(&dp, &ef, ctx), 7);
+    let v6 = ipv6(&Frame::default(), "fd00:1::5".parse().unwrap(), Ipv6Addr::LOCALHOST, &[], TCP);
+    assert_eq!(class_of(&dp, &v6, ctx), 8);
+    let v6_other = ipv6(&Frame::default(), "fd00:2::5".parse().unwrap(), Ipv6Addr::LOCALHOST, &[], TCP);
+    assert_eq!(class_of(&dp, &v6_other, ctx), DEFAULT);
+    assert_eq!(class_of(&dp, &v4(other, other, TCP), ctx), DEFAULT);
+}
+
+#[test]
+fn first_rule_in_file_order_wins() {
+    let rules = vec![
+        RuleSpec { src: Some("10.0.0.0/8".parse().unwrap()), ..rule(0, 1) },
+        RuleSpec { src: Some("10.1.2.3/32".parse().unwrap()), ..rule(1, 2) },
+        RuleSpec { dport: Some((443, 443)), ..rule(2, 3) },
+        RuleSpec { src: Some("10.1.2.4/32".parse().unwrap()), dport: Some((443, 443)), ..rule(3, 4) },
+    ];
+    let dp = datapath(&rules);
+    let ctx = SkbCtx::default();
+    assert_eq!(class_of(&dp, &v4([10, 1, 2, 3], [8, 8, 8, 8], TCP), ctx), 1);
+    assert_eq!(class_of(&dp, &v4([11, 1, 2, 4], [8, 8, 8, 8], TCP), ctx), 3);
+    assert_eq!(class_of(&dp, &v4([11, 1, 2, 4], [8, 8, 8, 8], L4::Udp { sport: 1, dport: 80 }), ctx), DEFAULT);
+}
+
+#[test]
+fn vlan_tag_and_ipv6_extension_headers_are_skipped() {
+    let rules = vec![
+        RuleSpec { src: Some("192.0.2.1/32".parse().unwrap()), ..rule(0, 1) },
+        RuleSpec { dport: Some((5001, 5001)), ..rule(1, 2) },
+    ];
+    let dp = datapath(&rules);
+    let ctx = SkbCtx::default();
+    let tagged = ipv4(&Frame { vlan: Some(100), ..Frame::default() }, Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::LOCALHOST, TCP);
+    assert_eq!(class_of(&dp, &tagged, ctx), 1);
+    let l4 = L4::Udp { sport: 9, dport: 5001 };
+    let (src, dst) = ("2001:db8::1".parse().unwrap(), "2001:db8::2".parse().unwrap());
+    // hop-by-hop, destination options, routing: skipped, ports found behind them.
+    let chain = ipv6(&Frame::default(), src, dst, &[(0, 8), (60, 16), (43, 8)], l4);
+    assert_eq!(class_of(&dp, &chain, ctx), 2);
+    // A chain longer than the parser's bound: upper-layer protocol unknown → default class.
+    let long = ipv6(&Frame::default(), src, dst, &[(0, 8), (60, 8), (60, 8), (60, 8), (60, 8), (60, 8), (60, 8)], l4);
+    assert_eq!(class_of(&dp, &long, ctx), DEFAULT);
+}
+
+#[test]
+fn malformed_and_truncated_packets_go_to_the_default_class() {
+    let rules = vec![
+        RuleSpec { src: Some("10.0.0.1/32".parse().unwrap()), ..rule(0, 1) },
+        RuleSpec { proto: Some(6), ..rule(1, 2) },
+    ];
+    let dp = datapath(&rules);
+    let ctx = SkbCtx::default();
+    // BPF_PROG_TEST_RUN itself refuses a truncated IP header behind an IP ethertype, so the
+    // damaged packets carry a VLAN tag: the kernel leaves them alone, the parser does not.
+    let tagged = Frame { vlan: Some(7), ..Frame::default() };
+    let good = ipv4(&tagged, Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2), L4::Tcp { sport: 1, dport: 2 });
+    let ip = 18;
+    assert_eq!(class_of(&dp, &good, ctx), 1);
+    // IPv4 header cut short.
+    assert_eq!(class_of(&dp, &good[..ip + 12], ctx), DEFAULT);
+    // TCP header cut short: ports present but not the data offset.
+    let l4 = ip + 20;
+    assert_eq!(class_of(&dp, &good[..l4 + 6], ctx), DEFAULT);
+    // IHL below 5.
+    let mut bad_ihl = good.clone();
+    bad_ihl[ip] = 0x43;
+    assert_eq!(class_of(&dp, &bad_ihl, ctx), DEFAULT);
+    // IHL pointing past the end of the packet.
+    let mut long_ihl = good[..l4 + 20].to_vec();
+    long_ihl[ip] = 0x4f;
+    assert_eq!(class_of(&dp, &long_ihl, ctx), DEFAULT);
+    // Version field says 6 in an IPv4 ethertype.
+    let mut wrong_version = good.clone();
+    wrong_version[ip] = 0x65;
+    assert_eq!(class_of(&dp, &wrong_version, ctx), DEFAULT);
+    // TCP data offset below 5 words.
+    let mut bad_doff = good.clone();
+    bad_doff[l4 + 12] = 0x20;
+    assert_eq!(class_of(&dp, &bad_doff, ctx), DEFAULT);
+    // Truncated IPv6 header.
+    let v6 = ipv6(&tagged, Ipv6Addr::LOCALHOST, Ipv6Addr::LOCALHOST, &[], TCP);
+    assert_eq!(class_of(&dp, &v6[..ip + 30], ctx), DEFAULT);
+    // A tag with nothing behind it.
+    assert_eq!(class_of(&dp, &good[..ip], ctx), DEFAULT);
+    // Non-first IPv4 fragment: classified on addresses and protocol, never on ports.
+    let mut frag = good.clone();
+    frag[ip + 6] = 0x00;
+    frag[ip + 7] = 0x10;
+    assert_eq!(class_of(&dp, &frag, ctx), 1);
+    // A bare Ethernet header with an unknown ethertype is not IP: default class.
+    let arp = [&good[..12], &[0x08, 0x06], &[0u8; 28][..]].concat();
+    assert_eq!(class_of(&dp, &arp, ctx), DEFAULT);
+}
+
+#[test]
+fn ten_thousand_host_rules_classify_like_ten() {
+    let rules: Vec<RuleSpec> = (0..10_000u32)
+        .map(|i| RuleSpec { src: Some(ipnet::IpNet::from(std::net::IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)))), ..rule(i, i % 8) })
+        .collect();
+    let dp = datapath(&rules);
+    for i in [0u32, 1, 4_999, 9_999] {
+        let src = Ipv4Addr::from(0x0a00_0000 + i).octets();
+        assert_eq!(class_of(&dp, &v4(src, [1, 1, 1, 1], TCP), SkbCtx::default()), i % 8);
+    }
+    assert_eq!(class_of(&dp, &v4([10, 0, 0x27, 0x10], [1, 1, 1, 1], TCP), SkbCtx::default()), DEFAULT);
+}
+
+#[test]
+fn edt_spaces_packets_by_wire_length_over_rate() {
+    let mut dp = datapath(&[]);
+    // 1,000,000 bytes/s: a 1000-byte packet costs exactly 1 ms.
+    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 10 * SECOND }).unwrap();
+    let packet = ipv4(&Frame { payload: 1000 - 14 - 20 - 32, ..Frame::default() }, Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, TCP);
+    assert_eq!(packet.len(), 1000);
+    let before = monotonic_ns();
+    let t: Vec<u64> = (0..3).map(|_| run(&dp, &packet, SkbCtx::default(), 1).ctx.tstamp).collect();
+    let after = monotonic_ns();
+    assert!(t[0] >= before && t[0] <= after, "an idle class sends at once: {} not in [{before}, {after}]", t[0]);
+    assert_eq!(t[1] - t[0], 1_000_000);
+    assert_eq!(t[2] - t[1], 1_000_000);
+    assert_eq!(dp.class_state(DEFAULT).unwrap().next_ns, t[2] + 1_000_000);
+    let s = dp.class_stats(DEFAULT).unwrap();
+    assert_eq!((s.packets, s.bytes, s.delayed_packets), (3, 3000, 2));
+    assert!(s.delay_ns_total >= 3_000_000 - 2 * (after - before) && s.delay_ns_total <= 3_000_000, "{}", s.delay_ns_total);
+}
+
+#[test]
+fn overhead_and_gso_segments_count_as_wire_bytes() {
+    let mut dp = datapath(&[]);
+    dp.set_iface(LO, IfaceConfig { slot: 0, default_class: DEFAULT, overhead: 8, flags: IFACE_ENABLED }).unwrap();
+    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: SECOND }).unwrap();
+    // A TSO packet: 2 segments of 1448 bytes behind 14 + 20 + 32 bytes of headers (BPF_PROG_TEST_RUN
+    // takes at most a page of data).
+    let packet = ipv4(&Frame { payload: 2 * 1448, ..Frame::default() }, Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, TCP);
+    let r = run(&dp, &packet, SkbCtx { gso_segs: 2, gso_size: 1448, ..SkbCtx::default() }, 1);
+    assert_eq!(r.action, TC_ACT_OK);
+    let s = dp.class_stats(DEFAULT).unwrap();
+    assert_eq!(s.packets, 2);
+    assert_eq!(s.bytes, 2 * (1514 + 8));
+}
+
+#[test]
+fn packets_beyond_the_horizon_are_dropped_and_counted() {
+    let mut dp = datapath(&[]);
+    // 1000 bytes/s with a 10 ms horizon: the second 1000-byte packet would wait 1 s.
+    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1000, horizon_ns: 10_000_000 }).unwrap();
+    let packet = v4([1, 1, 1, 1], [2, 2, 2, 2], L4::Udp { sport: 1, dport: 2 });
+    let len = packet.len() as u64;
+    assert_eq!(run(&dp, &packet, SkbCtx::default(), 1).action, TC_ACT_OK);
+    let next = dp.class_state(DEFAULT).unwrap().next_ns;
+    assert_eq!(run(&dp, &packet, SkbCtx::default(), 1).action, TC_ACT_SHOT);
+    assert_eq!(run(&dp, &packet, SkbCtx::default(), 1).action, TC_ACT_SHOT);
+    // A dropped packet gives its slot back.
+    assert_eq!(dp.class_state(DEFAULT).unwrap().next_ns, next);
+    let s = dp.class_stats(DEFAULT).unwrap();
+    assert_eq!((s.packets, s.bytes, s.drop_horizon_packets, s.drop_horizon_bytes), (1, len, 2, 2 * len));
+}
+
+#[test]
+fn a_receive_timestamp_is_not_taken_for_a_departure_time() {
+    let mut dp = datapath(&[]);
+    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: 2 * SECOND }).unwrap();
+    let packet = v4([1, 1, 1, 1], [2, 2, 2, 2], TCP);
+    // BPF_PROG_TEST_RUN leaves tstamp_type at 0 (not a mono delivery time), as for a
+    // forwarded packet that still carries its receive time.
+    let before = monotonic_ns();
+    let r = run(&dp, &packet, SkbCtx { tstamp: before + SECOND, ..SkbCtx::default() }, 1);
+    let after = monotonic_ns();
+    assert_eq!(r.action, TC_ACT_OK);
+    assert!(r.ctx.tstamp >= before && r.ctx.tstamp <= after, "departure {} must be now, in [{before}, {after}]", r.ctx.tstamp);
+}
+
+#[test]
+fn unpaced_class_and_unknown_interface_pass() {
+    let dp = datapath(&[]);
+    let packet = v4([1, 1, 1, 1], [2, 2, 2, 2], TCP);
+    // Class without a rate: passes, counted as unpaced.
+    let r = run(&dp, &packet, SkbCtx::default(), 1);
+    assert_eq!(r.action, TC_ACT_OK);
+    assert_eq!(dp.class_stats(DEFAULT).unwrap().unpaced_packets, 1);
+    // An interface the daemon does not shape: untouched, uncounted.
+    let mut other = Datapath::load().unwrap();
+    other.set_class(DEFAULT, ClassConfig { rate_bytes: 1, horizon_ns: 1 }).unwrap();
+    let r = run(&other, &packet, SkbCtx::default(), 1);
+    assert_eq!(r.action, TC_ACT_OK);
+    assert_eq!(other.class_stats(DEFAULT).unwrap().packets, 0);
+}
+
+#[test]
+fn the_class_clock_loses_no_update_when_cpus_race() {
+    let mut dp = datapath(&[]);
+    // 1 ms per packet; 2 threads × 20,000 packets = 40 s of departures, far ahead of the real
+    // time the runs take, so every packet after the first finds the class backlogged.
+    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 100 * SECOND }).unwrap();
+    let packet = ipv4(&Frame { payload: 1000 - 14 - 20 - 32, ..Frame::default() }, Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, TCP);
+    let before = monotonic_ns();
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..20 {
+                    run(&dp, &packet, SkbCtx::default(), 1000);
+                }
+            });
+        }
+    });
+    let after = monotonic_ns();
+    let stats = dp.class_stats(DEFAULT).unwrap();
+    assert_eq!(stats.packets, 40_000);
+    let next = dp.class_state(DEFAULT).unwrap().next_ns;
+    // The clock started at the first packet's `now` (between before and after) and moved by
+    // exactly one slot per packet.
+    let advance = 40_000 * 1_000_000;
+    assert!(next >= before + advance && next <= after + advance, "clock {next} not in [{}, {}]", before + advance, after + advance);
+}
