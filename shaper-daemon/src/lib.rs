@@ -9,8 +9,10 @@
 //! - [`api`]: the control protocol between `shaperctl` and `shaperd`;
 //! - [`daemon`]: wiring, signals and shutdown.
 
+pub mod api;
 pub mod bpf;
 pub mod config;
+pub mod daemon;
 pub mod qdisc;
 pub mod rate;
 pub mod rules;

@@ -273,3 +273,14 @@ pub fn veth(a: &Netns, a_if: &str, a_addrs: &[&str], b: &Netns, b_if: &str, b_ad
         ns.sh(&["ip", "link", "set", ifname, "up"]);
     }
 }
+
+/// Path of one of the workspace's binaries (`shaperd`, `shaperctl`), next to the test
+/// executable's `deps/` folder. `cargo test --workspace` and `cargo xtask test` build them.
+#[must_use]
+pub fn bin(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe.parent().and_then(std::path::Path::parent).expect("target/<profile>/deps/<test>");
+    let path = dir.join(name);
+    assert!(path.is_file(), "{} is missing: run `cargo build --workspace --bins` (cargo xtask test does)", path.display());
+    path
+}

@@ -1,0 +1,365 @@
+//! The control protocol between `shaperctl` and `shaperd`, over a Unix stream socket.
+//!
+//! # Protocol
+//! A client sends one request per line, a JSON object; the daemon answers each with one line,
+//! a JSON object, in order. A connection may carry many requests. Rates in replies are
+//! integers in bits per second; in requests a rate is either such an integer or a string in
+//! tc's spelling (`"2mbit"`).
+//!
+//! ```text
+//! → {"cmd":"status"}
+//! ← {"Ok":{"status":{"classes":[{"name":"alex","interface":"lan0",...}]}}}
+//! → {"cmd":"set-rate","class":"alex","rate":"2mbit"}
+//! ← {"Ok":{"applied":{"class":"alex","rate":2000000}}}
+//! → {"cmd":"set-rate","class":"nobody","rate":"2mbit"}
+//! ← {"Err":{"kind":"unknown-class","message":"no class named `nobody`; classes: alex, betty"}}
+//! ```
+//!
+//! A reply is `Result<Response, ApiError>` as serde writes it (`{"Ok": …}` or `{"Err": …}`).
+//! A line longer than [`MAX_LINE`] bytes, or that is not a request, gets an `Err` reply of
+//! kind `bad-request` and the connection is closed.
+//!
+//! The server takes at most [`MAX_CONNECTIONS`] connections at once and gives each request
+//! [`REQUEST_TIMEOUT`]; the socket is created with mode 0660.
+
+use std::{
+    fmt,
+    future::Future,
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+use tokio::{
+    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
+    net::{UnixListener, UnixStream},
+    sync::Semaphore,
+};
+use tracing::{debug, warn};
+
+use crate::rate::Rate;
+
+/// Where `shaperd` listens unless told otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/shaper/shaper.sock";
+/// Environment variable that overrides the socket path for `shaperctl`.
+pub const SOCKET_ENV: &str = "SHAPER_SOCKET";
+/// Longest request line accepted.
+pub const MAX_LINE: usize = 64 * 1024;
+/// Connections served at once; more wait for a free place.
+pub const MAX_CONNECTIONS: usize = 16;
+/// Time a request may take, from its first byte to its reply.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A request from `shaperctl`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    /// Every class with its configuration, current rate and counters. (A struct variant, so
+    /// that unknown fields are refused as for the others.)
+    Status {},
+    /// Sets a class's guaranteed rate.
+    SetRate { class: String, rate: Rate },
+}
+
+/// A successful answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Response {
+    Status(Status),
+    Applied { class: String, rate: Rate },
+}
+
+/// What `status` reports.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    pub classes: Vec<ClassStatus>,
+}
+
+/// One class in a `status` reply. Rates in bits per second, counters since the datapath
+/// was loaded.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassStatus {
+    pub name: String,
+    pub interface: String,
+    pub parent: Option<String>,
+    /// Only leaf classes carry traffic.
+    pub leaf: bool,
+    /// Configured guaranteed rate.
+    pub rate: Rate,
+    pub ceil: Rate,
+    pub prio: u8,
+    /// The rate the datapath paces the class at now.
+    pub current_rate: Rate,
+    /// Wire bytes and packets sent.
+    pub bytes: u64,
+    pub packets: u64,
+    /// Packets dropped (all reasons).
+    pub drops: u64,
+    pub drops_horizon: u64,
+    /// Packets given a later departure time, and their mean added delay.
+    pub delayed_packets: u64,
+    pub mean_delay_us: u64,
+}
+
+/// Why a request failed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum ApiError {
+    #[error("{message}")]
+    BadRequest { message: String },
+    #[error("{message}")]
+    UnknownClass { message: String },
+    #[error("{message}")]
+    InvalidRate { message: String },
+    #[error("{message}")]
+    Internal { message: String },
+}
+
+/// One reply line.
+pub type Reply = Result<Response, ApiError>;
+
+/// Handles requests; implemented by the daemon.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(&self, request: Request) -> impl Future<Output = Reply> + Send;
+}
+
+/// Errors of the socket itself (not of a request).
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    #[error("creating the socket directory {path}")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("binding {path}")]
+    Bind {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another shaperd is already listening on {path}")]
+    InUse { path: PathBuf },
+    #[error("connecting to shaperd at {path} (is shaperd running? set --socket or {SOCKET_ENV})")]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("talking to shaperd at {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("shaperd at {path} sent a reply that is not valid: {line}")]
+    BadReply {
+        path: PathBuf,
+        line: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// A bound control socket; the file is removed on drop.
+pub struct Server {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl Server {
+    /// Binds `path` with mode 0660, creating its directory (mode 0750) if needed. A stale
+    /// socket file (nobody listening) is replaced; a live one is an error.
+    pub async fn bind(path: &Path) -> Result<Self, SocketError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !dir.exists() {
+                std::fs::create_dir_all(dir).map_err(|source| SocketError::Dir { path: dir.to_owned(), source })?;
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))
+                    .map_err(|source| SocketError::Dir { path: dir.to_owned(), source })?;
+            }
+        }
+        if path.exists() {
+            if UnixStream::connect(path).await.is_ok() {
+                return Err(SocketError::InUse { path: path.to_owned() });
+            }
+            let _ = std::fs::remove_file(path);
+        }
+        let listener = UnixListener::bind(path).map_err(|source| SocketError::Bind { path: path.to_owned(), source })?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+            .map_err(|source| SocketError::Bind { path: path.to_owned(), source })?;
+        Ok(Self { listener, path: path.to_owned() })
+    }
+
+    /// Serves connections until `shutdown` completes.
+    pub async fn serve<H: Handler>(&self, handler: Arc<H>, shutdown: impl Future<Output = ()>) {
+        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        tokio::pin!(shutdown);
+        loop {
+            let permit = tokio::select! {
+                () = &mut shutdown => return,
+                p = Arc::clone(&slots).acquire_owned() => p.expect("semaphore never closed"),
+            };
+            let stream = tokio::select! {
+                () = &mut shutdown => return,
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        warn!(error = %e, "accepting a control connection");
+                        continue;
+                    }
+                },
+            };
+            let handler = Arc::clone(&handler);
+            tokio::spawn(async move {
+                if let Err(e) = serve_connection(stream, &*handler).await {
+                    debug!(error = %e, "control connection ended");
+                }
+                drop(permit);
+            });
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+async fn write_reply(stream: &mut (impl tokio::io::AsyncWrite + Unpin), reply: &Reply) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(reply).expect("replies always serialize");
+    line.push(b'\n');
+    stream.write_all(&line).await
+}
+
+async fn serve_connection(stream: UnixStream, handler: &impl Handler) -> std::io::Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::new(read);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = (&mut reader).take(MAX_LINE as u64 + 1).read_until(b'\n', &mut line).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        if line.len() > MAX_LINE {
+            let reply = Err(ApiError::BadRequest { message: format!("request longer than {MAX_LINE} bytes") });
+            return write_reply(&mut write, &reply).await;
+        }
+        let reply = match serde_json::from_slice::<Request>(&line) {
+            Ok(request) => match tokio::time::timeout(REQUEST_TIMEOUT, handler.handle(request)).await {
+                Ok(reply) => reply,
+                Err(_) => Err(ApiError::Internal { message: format!("request took longer than {REQUEST_TIMEOUT:?}") }),
+            },
+            Err(e) => {
+                let reply = Err(ApiError::BadRequest { message: format!("not a valid request: {e}") });
+                return write_reply(&mut write, &reply).await;
+            }
+        };
+        write_reply(&mut write, &reply).await?;
+    }
+}
+
+/// A connection to `shaperd`, as `shaperctl` uses it.
+pub struct Client {
+    stream: BufReader<UnixStream>,
+    path: PathBuf,
+}
+
+impl Client {
+    pub async fn connect(path: &Path) -> Result<Self, SocketError> {
+        let stream = UnixStream::connect(path).await.map_err(|source| SocketError::Connect { path: path.to_owned(), source })?;
+        Ok(Self { stream: BufReader::new(stream), path: path.to_owned() })
+    }
+
+    /// Sends one request and waits for its reply.
+    pub async fn call(&mut self, request: &Request) -> Result<Reply, SocketError> {
+        let io = |source| SocketError::Io { path: self.path.clone(), source };
+        let mut line = serde_json::to_vec(request).expect("requests always serialize");
+        line.push(b'\n');
+        self.stream.get_mut().write_all(&line).await.map_err(io)?;
+        let mut reply = String::new();
+        let io = |source| SocketError::Io { path: self.path.clone(), source };
+        self.stream.read_line(&mut reply).await.map_err(io)?;
+        serde_json::from_str(&reply).map_err(|source| SocketError::BadReply { path: self.path.clone(), line: reply.trim_end().to_owned(), source })
+    }
+}
+
+impl fmt::Display for ClassStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}): rate {} ceil {} now {}", self.name, self.interface, self.rate, self.ceil, self.current_rate)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_and_accept_both_rate_spellings() {
+        let r: Request = serde_json::from_str(r#"{"cmd":"set-rate","class":"alex","rate":"2mbit"}"#).unwrap();
+        assert_eq!(r, Request::SetRate { class: "alex".into(), rate: Rate::from_bits_per_sec(2_000_000) });
+        let r: Request = serde_json::from_str(r#"{"cmd":"set-rate","class":"alex","rate":2000000}"#).unwrap();
+        assert_eq!(r, Request::SetRate { class: "alex".into(), rate: Rate::from_bits_per_sec(2_000_000) });
+        assert_eq!(serde_json::to_string(&Request::Status {}).unwrap(), r#"{"cmd":"status"}"#);
+        assert!(serde_json::from_str::<Request>(r#"{"cmd":"status","x":1}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"cmd":"reboot"}"#).is_err());
+    }
+
+    #[test]
+    fn replies_carry_rates_in_bits_per_second() {
+        let ok: Reply = Ok(Response::Applied { class: "alex".into(), rate: Rate::from_bits_per_sec(1_900_000) });
+        assert_eq!(serde_json::to_string(&ok).unwrap(), r#"{"Ok":{"applied":{"class":"alex","rate":1900000}}}"#);
+        let err: Reply = Err(ApiError::UnknownClass { message: "no class named `x`".into() });
+        let text = serde_json::to_string(&err).unwrap();
+        assert_eq!(text, r#"{"Err":{"kind":"unknown-class","message":"no class named `x`"}}"#);
+        assert_eq!(serde_json::from_str::<Reply>(&text).unwrap(), err);
+    }
+
+    struct Echo;
+    impl Handler for Echo {
+        async fn handle(&self, request: Request) -> Reply {
+            match request {
+                Request::Status {} => Ok(Response::Status(Status::default())),
+                Request::SetRate { class, rate } => Ok(Response::Applied { class, rate }),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn socket_serves_line_framed_requests_and_rejects_garbage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/shaper.sock");
+        let server = Server::bind(&path).await.unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o660);
+        assert!(matches!(Server::bind(&path).await, Err(SocketError::InUse { .. })));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(async move {
+            server.serve(Arc::new(Echo), async { stopped.await.unwrap_or(()) }).await;
+        });
+        let mut client = Client::connect(&path).await.unwrap();
+        assert_eq!(client.call(&Request::Status {}).await.unwrap(), Ok(Response::Status(Status::default())));
+        let set = Request::SetRate { class: "a".into(), rate: Rate::from_bits_per_sec(8) };
+        assert_eq!(client.call(&set).await.unwrap(), Ok(Response::Applied { class: "a".into(), rate: Rate::from_bits_per_sec(8) }));
+
+        let mut raw = UnixStream::connect(&path).await.unwrap();
+        raw.write_all(b"{not json}\n").await.unwrap();
+        let mut reply = String::new();
+        BufReader::new(&mut raw).read_line(&mut reply).await.unwrap();
+        let reply: Reply = serde_json::from_str(&reply).unwrap();
+        assert!(matches!(reply, Err(ApiError::BadRequest { .. })), "{reply:?}");
+
+        let mut raw = UnixStream::connect(&path).await.unwrap();
+        raw.write_all(&vec![b' '; MAX_LINE + 10]).await.unwrap();
+        let mut reply = String::new();
+        BufReader::new(&mut raw).read_line(&mut reply).await.unwrap();
+        assert!(reply.contains("longer than"), "{reply}");
+
+        stop.send(()).unwrap();
+        serving.await.unwrap();
+        assert!(!path.exists(), "the socket file is removed with the server");
+    }
+}

@@ -1,0 +1,959 @@
+//! The `fq` root qdisc that enforces the departure times set by the tc program.
+//!
+//! shaper's egress program does not queue anything itself: it stamps each packet with the
+//! earliest time it may leave (`skb->tstamp`, "Earliest Departure Time") and relies on the `fq`
+//! qdisc to hold the packet until then. Any other root qdisc ignores the timestamp and the
+//! packet leaves at once, so the shaping would silently do nothing. This module makes sure the
+//! interface's root qdisc is `fq`, talking rtnetlink directly (it never runs `tc`), and hands
+//! back an [`FqGuard`] that undoes its change on shutdown.
+//!
+//! What is found at the root decides what happens ([`RootQdisc`], then [`Restore`]):
+//! - `fq`, whoever installed it, or `mq` with `fq` on every queue: kept, and left in place on
+//!   shutdown;
+//! - a kernel default (handle `0:`: `noqueue`, `pfifo_fast`, `mq`, `fq_codel`..., or `noop` on an
+//!   interface never brought up): replaced by `fq`; on shutdown `fq` is deleted and the kernel
+//!   attaches its default again by itself;
+//! - anything an admin configured (handle other than `0:`, e.g. `htb 1:`): left alone and
+//!   [`QdiscError::Occupied`], unless `replace_other` (`replace_qdisc = true` in the interface's
+//!   configuration) lets `fq` replace it; on shutdown `fq` is deleted, which brings back the
+//!   kernel default but not the admin's setup (logged as a warning).
+//!
+//! A kernel built without `sch_fq` makes [`ensure_fq`] fail with
+//! [`QdiscError::FqUnavailable`]: shaper must refuse to start there rather than run without
+//! effect.
+//!
+//! Every call opens its own short-lived rtnetlink socket in the network namespace of the calling
+//! thread, and must run inside a tokio runtime.
+
+use std::fmt;
+
+use futures::StreamExt;
+use netlink_packet_route::{
+    tc::{TcAttribute, TcHandle, TcMessage},
+    RouteNetlinkMessage,
+};
+use rtnetlink::{
+    packet_core::{
+        ErrorMessage, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
+        NLM_F_REPLACE, NLM_F_REQUEST,
+    },
+    sys::AsyncSocket,
+    Handle,
+};
+use tracing::{debug, info, warn};
+
+/// `TC_H_ROOT`: the parent of a root qdisc.
+const TC_H_ROOT: u32 = 0xFFFF_FFFF;
+/// `TC_H_INGRESS` (= `TC_H_CLSACT`): the parent of the `ingress`/`clsact` qdisc.
+const TC_H_INGRESS: u32 = 0xFFFF_FFF1;
+/// The kind of qdisc that enforces `skb->tstamp`.
+const FQ: &str = "fq";
+/// The kind of the multiqueue root qdisc.
+const MQ: &str = "mq";
+/// `NLMSGERR_ATTR_MSG`: the extended-ack attribute holding the kernel's error text.
+const NLMSGERR_ATTR_MSG: u16 = 1;
+/// Size of a netlink message header (`struct nlmsghdr`).
+const NLMSG_HDRLEN: usize = 16;
+
+/// The root qdisc of an interface, as far as `fq` is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootQdisc {
+    /// A qdisc the kernel attached by itself (handle `0:`): `noqueue`, `pfifo_fast`, `mq`,
+    /// `fq_codel`..., or `noop` on an interface never brought up.
+    Default {
+        /// The qdisc's kind, as `tc` names it.
+        kind: String,
+    },
+    /// `fq`, whoever installed it (handle `0:` when it is the kernel's default).
+    Fq {
+        /// The qdisc's handle (`0x8001_0000` is `8001:`).
+        handle: u32,
+    },
+    /// `mq` whose every child (one per transmit queue) is `fq`.
+    MqAllFq,
+    /// Any other qdisc, configured by someone (handle ≠ `0:`), e.g. `htb 1:`.
+    Other {
+        /// The qdisc's kind, as `tc` names it.
+        kind: String,
+        /// The qdisc's handle (`0x0001_0000` is `1:`).
+        handle: u32,
+    },
+}
+
+impl fmt::Display for RootQdisc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Default { kind } => write!(f, "{kind} 0: (kernel default)"),
+            Self::Fq { handle } => write!(f, "{FQ} {}", HandleDisplay(*handle)),
+            Self::MqAllFq => write!(f, "{MQ} with {FQ} on every queue"),
+            Self::Other { kind, handle } => write!(f, "{kind} {}", HandleDisplay(*handle)),
+        }
+    }
+}
+
+/// What [`FqGuard::restore`] has to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Restore {
+    /// `fq` was already there: leave it.
+    Nothing,
+    /// `fq` replaced a kernel default: deleting it makes the kernel attach its default again.
+    DeleteRoot,
+    /// `fq` replaced an admin's qdisc (`replace_qdisc = true`): delete `fq`, which brings back the
+    /// kernel default but not the admin's setup; that is logged.
+    Replaced {
+        /// The kind of the qdisc that `fq` replaced.
+        kind: String,
+    },
+}
+
+/// The `fq` root qdisc of one interface, as [`ensure_fq`] left it: what was there before and what
+/// [`restore`](Self::restore) must do on shutdown.
+#[derive(Debug)]
+#[must_use = "call restore() on shutdown to give the interface its previous root qdisc back"]
+pub struct FqGuard {
+    ifname: String,
+    ifindex: u32,
+    action: Restore,
+    /// Handle of the `fq` this module installed (meaningless when `action` is `Nothing`).
+    fq_handle: u32,
+}
+
+/// Errors of this module; each one names the interface.
+#[derive(Debug, thiserror::Error)]
+pub enum QdiscError {
+    /// No interface has that name (in this network namespace).
+    #[error("interface {ifname} does not exist")]
+    NoSuchInterface {
+        /// The interface asked for.
+        ifname: String,
+    },
+    /// The rtnetlink socket could not be opened.
+    #[error("cannot open an rtnetlink socket to manage the qdisc of {ifname}")]
+    Socket {
+        /// The interface being managed.
+        ifname: String,
+        /// Why the socket could not be opened.
+        source: std::io::Error,
+    },
+    /// Looking the interface up failed for another reason than its absence.
+    #[error("cannot look up interface {ifname}")]
+    Link {
+        /// The interface asked for.
+        ifname: String,
+        /// The failed request.
+        source: KernelError,
+    },
+    /// Listing the qdiscs failed.
+    #[error("cannot list the qdiscs of {ifname}")]
+    Dump {
+        /// The interface being inspected.
+        ifname: String,
+        /// The failed request.
+        source: KernelError,
+    },
+    /// Someone configured the root qdisc, and replacing it was not allowed.
+    #[error(
+        "the root qdisc of {ifname} is `{kind}`, configured by someone else; shaper needs `fq` \
+         there to enforce departure times and would replace it (losing that setup), so it leaves \
+         it alone: set `replace_qdisc = true` in the configuration of interface {ifname} to allow \
+         the replacement, or remove that qdisc yourself"
+    )]
+    Occupied {
+        /// The interface.
+        ifname: String,
+        /// The kind of the qdisc found there, e.g. `htb`.
+        kind: String,
+    },
+    /// The kernel has no `fq` qdisc.
+    #[error(
+        "cannot install the `fq` qdisc on {ifname}: this kernel has no sch_fq (build it with \
+         CONFIG_NET_SCH_FQ, or load it with `modprobe sch_fq`); without fq the departure times \
+         that shaper sets would be ignored and no traffic would be shaped, so shaper refuses to \
+         start"
+    )]
+    FqUnavailable {
+        /// The interface.
+        ifname: String,
+        /// The kernel's refusal.
+        source: KernelError,
+    },
+    /// Installing `fq` failed for another reason.
+    #[error("cannot install `fq` as the root qdisc of {ifname}")]
+    Install {
+        /// The interface.
+        ifname: String,
+        /// The kernel's refusal.
+        source: KernelError,
+    },
+    /// The kernel accepted `fq` but the root qdisc is something else afterwards.
+    #[error("installed `fq` as the root qdisc of {ifname}, but the root qdisc is now {found}")]
+    NotInstalled {
+        /// The interface.
+        ifname: String,
+        /// What was found at the root instead.
+        found: RootQdisc,
+    },
+    /// Deleting shaper's `fq` failed.
+    #[error("cannot delete shaper's `fq` root qdisc from {ifname}")]
+    Delete {
+        /// The interface.
+        ifname: String,
+        /// The kernel's refusal.
+        source: KernelError,
+    },
+}
+
+/// A failed rtnetlink request, with the kernel's own explanation (extended ack) when it gave one.
+#[derive(Debug, thiserror::Error)]
+pub struct KernelError {
+    /// The kernel's extended-ack text, e.g. `Specified qdisc kind is unknown`.
+    message: Option<String>,
+    /// The error as rtnetlink reported it (errno included).
+    source: rtnetlink::Error,
+}
+
+impl fmt::Display for KernelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.message {
+            Some(message) => write!(f, "the kernel said: {message}"),
+            None => f.write_str("rtnetlink request failed"),
+        }
+    }
+}
+
+impl KernelError {
+    fn new(source: rtnetlink::Error) -> Self {
+        let message = match &source {
+            rtnetlink::Error::NetlinkError(e) => extack_message(e),
+            _ => None,
+        };
+        Self { message, source }
+    }
+
+    /// The errno the kernel returned (positive, e.g. `libc::ENOENT`), if it returned one.
+    #[must_use]
+    pub fn errno(&self) -> Option<i32> {
+        match &self.source {
+            rtnetlink::Error::NetlinkError(e) => e.code.map(|c| -c.get()),
+            _ => None,
+        }
+    }
+
+    /// The kernel's extended-ack text, if it gave one.
+    #[must_use]
+    pub fn message(&self) -> Option<&str> {
+        self.message.as_deref()
+    }
+}
+
+/// What [`ensure_fq`] does about a root qdisc.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Decision {
+    /// `fq` is already in charge.
+    Keep,
+    /// Install `fq`; restoring will take this action.
+    Install(Restore),
+    /// Leave the admin's qdisc alone and fail.
+    Refuse {
+        /// The admin's qdisc kind.
+        kind: String,
+    },
+}
+
+/// Decides what to do about `root`: the policy, with no I/O.
+fn decide(root: &RootQdisc, replace_other: bool) -> Decision {
+    match root {
+        RootQdisc::Fq { .. } | RootQdisc::MqAllFq => Decision::Keep,
+        RootQdisc::Default { .. } => Decision::Install(Restore::DeleteRoot),
+        RootQdisc::Other { kind, .. } if replace_other => {
+            Decision::Install(Restore::Replaced { kind: kind.clone() })
+        }
+        RootQdisc::Other { kind, .. } => Decision::Refuse { kind: kind.clone() },
+    }
+}
+
+/// One qdisc of one interface, from a dump.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct QdiscEntry {
+    kind: String,
+    handle: u32,
+    parent: u32,
+}
+
+impl QdiscEntry {
+    /// The qdisc described by `msg` if it belongs to interface `ifindex`.
+    fn from_message(msg: &TcMessage, ifindex: u32) -> Option<Self> {
+        if u32::try_from(msg.header.index).ok()? != ifindex {
+            return None;
+        }
+        let kind = msg.attributes.iter().find_map(|a| match a {
+            TcAttribute::Kind(k) => Some(k.clone()),
+            _ => None,
+        })?;
+        Some(Self {
+            kind,
+            handle: msg.header.handle.into(),
+            parent: msg.header.parent.into(),
+        })
+    }
+}
+
+/// Classifies the root qdisc of an interface from all its qdiscs.
+///
+/// No root in the dump means the builtin `noop` (the kernel never dumps it): the interface is
+/// down or has no queue yet, and gets its default qdisc when it comes up.
+fn classify(entries: &[QdiscEntry]) -> RootQdisc {
+    let Some(root) = entries.iter().find(|e| e.parent == TC_H_ROOT) else {
+        return RootQdisc::Default {
+            kind: "noop".to_owned(),
+        };
+    };
+    if root.kind == FQ {
+        return RootQdisc::Fq {
+            handle: root.handle,
+        };
+    }
+    if root.kind == MQ {
+        // mq's children hang off its classes: parent = <mq major>:<queue number>.
+        let children: Vec<_> = entries
+            .iter()
+            .filter(|e| {
+                e.parent != TC_H_ROOT
+                    && e.parent != TC_H_INGRESS
+                    && e.parent >> 16 == root.handle >> 16
+                    && e.parent & 0xFFFF != 0
+            })
+            .collect();
+        if !children.is_empty() && children.iter().all(|c| c.kind == FQ) {
+            return RootQdisc::MqAllFq;
+        }
+    }
+    if root.handle == 0 {
+        RootQdisc::Default {
+            kind: root.kind.clone(),
+        }
+    } else {
+        RootQdisc::Other {
+            kind: root.kind.clone(),
+            handle: root.handle,
+        }
+    }
+}
+
+/// Formats a qdisc handle the way `tc` does: `8001:`, `1:2`.
+struct HandleDisplay(u32);
+
+impl fmt::Display for HandleDisplay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (major, minor) = (self.0 >> 16, self.0 & 0xFFFF);
+        if minor == 0 {
+            write!(f, "{major:x}:")
+        } else {
+            write!(f, "{major:x}:{minor:x}")
+        }
+    }
+}
+
+/// Extracts the kernel's text from an `NLMSGERR` payload.
+///
+/// The socket sets `NETLINK_CAP_ACK`, so the payload after the errno is the request's bare
+/// header followed by the extended-ack attributes.
+fn extack_message(err: &ErrorMessage) -> Option<String> {
+    let mut tlvs = err.header.get(NLMSG_HDRLEN..)?;
+    while tlvs.len() >= 4 {
+        let len = usize::from(u16::from_ne_bytes([tlvs[0], tlvs[1]]));
+        let kind = u16::from_ne_bytes([tlvs[2], tlvs[3]]) & 0x3FFF;
+        if len < 4 || len > tlvs.len() {
+            return None;
+        }
+        if kind == NLMSGERR_ATTR_MSG {
+            let value = &tlvs[4..len];
+            let end = value.iter().position(|&b| b == 0).unwrap_or(value.len());
+            let text = String::from_utf8_lossy(&value[..end]).trim().to_owned();
+            return (!text.is_empty()).then_some(text);
+        }
+        tlvs = tlvs.get((len + 3) & !3..)?;
+    }
+    None
+}
+
+/// An rtnetlink connection whose background task ends with it.
+struct Rtnl {
+    handle: Handle,
+    /// The connection, polled in the background.
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Rtnl {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Rtnl {
+    /// Opens a socket in the calling thread's network namespace.
+    fn open(ifname: &str) -> Result<Self, QdiscError> {
+        let (mut connection, handle, _) =
+            rtnetlink::new_connection().map_err(|source| QdiscError::Socket {
+                ifname: ifname.to_owned(),
+                source,
+            })?;
+        let socket = connection.socket_mut().socket_mut();
+        // The kernel's error text is a bonus: without it the errno is still there. Capping the
+        // ack keeps the layout `extack_message` expects; ext-ack is only asked for if it holds.
+        if socket.set_cap_ack(true).is_ok() {
+            if let Err(e) = socket.set_ext_ack(true) {
+                debug!("NETLINK_EXT_ACK unavailable, kernel error texts will be missing: {e}");
+            }
+        }
+        Ok(Self {
+            handle,
+            task: tokio::spawn(connection),
+        })
+    }
+
+    /// Sends one request that expects only an acknowledgement.
+    async fn acked(&self, message: RouteNetlinkMessage, flags: u16) -> Result<(), KernelError> {
+        let mut request = NetlinkMessage::from(message);
+        request.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
+        let mut responses = self
+            .handle
+            .clone()
+            .request(request)
+            .map_err(KernelError::new)?;
+        while let Some(response) = responses.next().await {
+            if let NetlinkPayload::Error(e) = response.payload {
+                return Err(KernelError::new(rtnetlink::Error::NetlinkError(e)));
+            }
+        }
+        Ok(())
+    }
+
+    /// The index of the interface named `ifname`.
+    async fn ifindex(&self, ifname: &str) -> Result<u32, QdiscError> {
+        let mut links = self
+            .handle
+            .link()
+            .get()
+            .match_name(ifname.to_owned())
+            .execute();
+        match links.next().await {
+            Some(Ok(link)) => Ok(link.header.index),
+            None => Err(QdiscError::NoSuchInterface {
+                ifname: ifname.to_owned(),
+            }),
+            Some(Err(source)) => Err(link_error(ifname, source)),
+        }
+    }
+
+    /// Whether interface `ifindex` still exists.
+    async fn link_exists(&self, ifname: &str, ifindex: u32) -> Result<bool, QdiscError> {
+        let mut links = self.handle.link().get().match_index(ifindex).execute();
+        match links.next().await {
+            Some(Ok(_)) => Ok(true),
+            None => Ok(false),
+            Some(Err(source)) => match link_error(ifname, source) {
+                QdiscError::NoSuchInterface { .. } => Ok(false),
+                e => Err(e),
+            },
+        }
+    }
+
+    /// The root qdisc of interface `ifindex`.
+    async fn root(&self, ifname: &str, ifindex: u32) -> Result<RootQdisc, QdiscError> {
+        // The kernel ignores the index of a qdisc dump and sends every interface's qdiscs;
+        // TCA_DUMP_INVISIBLE makes it include the children it would hide from `tc qdisc show`.
+        let mut request = TcMessage::default();
+        request.attributes.push(TcAttribute::DumpInvisible(true));
+        let mut request = NetlinkMessage::from(RouteNetlinkMessage::GetQueueDiscipline(request));
+        request.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        let dump_error = |source| QdiscError::Dump {
+            ifname: ifname.to_owned(),
+            source: KernelError::new(source),
+        };
+        let mut responses = self.handle.clone().request(request).map_err(dump_error)?;
+        let mut entries = Vec::new();
+        while let Some(response) = responses.next().await {
+            match response.payload {
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewQueueDiscipline(msg)) => {
+                    entries.extend(QdiscEntry::from_message(&msg, ifindex));
+                }
+                NetlinkPayload::Error(e) => {
+                    return Err(dump_error(rtnetlink::Error::NetlinkError(e)));
+                }
+                _ => {}
+            }
+        }
+        debug!(ifname, ?entries, "qdiscs");
+        Ok(classify(&entries))
+    }
+
+    /// Makes `fq` (default options) the root qdisc of `ifindex`: `tc qdisc replace root fq`.
+    async fn install_fq(&self, ifname: &str, ifindex: u32) -> Result<(), QdiscError> {
+        let mut message = TcMessage::with_index(tc_index(ifname, ifindex)?);
+        message.header.parent = TcHandle::ROOT;
+        message.attributes.push(TcAttribute::Kind(FQ.to_owned()));
+        let flags = NLM_F_CREATE | NLM_F_REPLACE;
+        match self
+            .acked(RouteNetlinkMessage::NewQueueDiscipline(message), flags)
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(source) if means_unknown_kind(&source) => Err(QdiscError::FqUnavailable {
+                ifname: ifname.to_owned(),
+                source,
+            }),
+            Err(source) => Err(QdiscError::Install {
+                ifname: ifname.to_owned(),
+                source,
+            }),
+        }
+    }
+
+    /// Deletes the root qdisc of `ifindex` if its handle is `handle`.
+    async fn delete_root(&self, ifname: &str, ifindex: u32, handle: u32) -> Result<(), QdiscError> {
+        let mut message = TcMessage::with_index(tc_index(ifname, ifindex)?);
+        message.header.parent = TcHandle::ROOT;
+        message.header.handle = handle.into();
+        self.acked(RouteNetlinkMessage::DelQueueDiscipline(message), 0)
+            .await
+            .map_err(|source| QdiscError::Delete {
+                ifname: ifname.to_owned(),
+                source,
+            })
+    }
+}
+
+/// Removes the `clsact` qdisc of `ifname` (with every filter under it), as `tc qdisc del dev
+/// IF clsact` does. The datapath adds clsact on kernels without TCX and, having added it,
+/// removes it on shutdown. An interface that is gone, or has no clsact, is not an error.
+pub async fn delete_clsact(ifname: &str) -> Result<(), QdiscError> {
+    /// `TC_H_CLSACT`, the parent handle of clsact (same value as `TC_H_INGRESS`).
+    const TC_H_CLSACT: u32 = 0xFFFF_FFF1;
+    /// The handle the kernel gives clsact: `ffff:`.
+    const CLSACT_HANDLE: u32 = 0xFFFF_0000;
+    let rtnl = Rtnl::open(ifname)?;
+    let ifindex = match rtnl.ifindex(ifname).await {
+        Ok(i) => i,
+        Err(QdiscError::NoSuchInterface { .. }) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let mut message = TcMessage::with_index(tc_index(ifname, ifindex)?);
+    message.header.parent = TC_H_CLSACT.into();
+    message.header.handle = CLSACT_HANDLE.into();
+    match rtnl.acked(RouteNetlinkMessage::DelQueueDiscipline(message), 0).await {
+        Ok(()) => {
+            info!(ifname, "removed the clsact qdisc shaper had added");
+            Ok(())
+        }
+        Err(source) if matches!(source.errno(), Some(libc::ENOENT | libc::EINVAL)) => Ok(()),
+        Err(source) => Err(QdiscError::Delete { ifname: ifname.to_owned(), source }),
+    }
+}
+
+/// Maps a failed link lookup, telling a missing interface apart.
+fn link_error(ifname: &str, source: rtnetlink::Error) -> QdiscError {
+    let source = KernelError::new(source);
+    if source.errno() == Some(libc::ENODEV) {
+        QdiscError::NoSuchInterface {
+            ifname: ifname.to_owned(),
+        }
+    } else {
+        QdiscError::Link {
+            ifname: ifname.to_owned(),
+            source,
+        }
+    }
+}
+
+/// Whether a refused `RTM_NEWQDISC` means that the kernel does not know the qdisc kind.
+///
+/// Linux answers `ENOENT` ("Specified qdisc kind is unknown") once it has failed to find or
+/// autoload the module; `EOPNOTSUPP` is accepted too, for kernels that word it that way.
+fn means_unknown_kind(error: &KernelError) -> bool {
+    matches!(error.errno(), Some(libc::ENOENT | libc::EOPNOTSUPP))
+}
+
+/// An interface index as `struct tcmsg` holds it.
+fn tc_index(ifname: &str, ifindex: u32) -> Result<i32, QdiscError> {
+    // Interface indexes are positive `int`s in the kernel: a larger one names no interface.
+    let Ok(index) = i32::try_from(ifindex) else {
+        return Err(QdiscError::NoSuchInterface {
+            ifname: ifname.to_owned(),
+        });
+    };
+    Ok(index)
+}
+
+/// Tells what the root qdisc of `ifname` is.
+pub async fn inspect_root(ifname: &str) -> Result<RootQdisc, QdiscError> {
+    let rtnl = Rtnl::open(ifname)?;
+    let ifindex = rtnl.ifindex(ifname).await?;
+    rtnl.root(ifname, ifindex).await
+}
+
+/// Makes sure the root qdisc of `ifname` is `fq`, installing it if needed (see the module docs).
+///
+/// An admin-configured root qdisc is replaced only if `replace_other` is true (the interface's
+/// `replace_qdisc` setting); otherwise this fails with [`QdiscError::Occupied`]. A kernel
+/// without `sch_fq` makes it fail with [`QdiscError::FqUnavailable`].
+pub async fn ensure_fq(ifname: &str, replace_other: bool) -> Result<FqGuard, QdiscError> {
+    let rtnl = Rtnl::open(ifname)?;
+    let ifindex = rtnl.ifindex(ifname).await?;
+    let root = rtnl.root(ifname, ifindex).await?;
+    let action = match decide(&root, replace_other) {
+        Decision::Keep => {
+            info!(ifname, %root, "root qdisc already enforces departure times; keeping it");
+            return Ok(FqGuard {
+                ifname: ifname.to_owned(),
+                ifindex,
+                action: Restore::Nothing,
+                fq_handle: 0,
+            });
+        }
+        Decision::Refuse { kind } => {
+            return Err(QdiscError::Occupied {
+                ifname: ifname.to_owned(),
+                kind,
+            })
+        }
+        Decision::Install(action) => action,
+    };
+    rtnl.install_fq(ifname, ifindex).await?;
+    let fq_handle = match rtnl.root(ifname, ifindex).await? {
+        RootQdisc::Fq { handle } => handle,
+        found => {
+            return Err(QdiscError::NotInstalled {
+                ifname: ifname.to_owned(),
+                found,
+            })
+        }
+    };
+    if let Restore::Replaced { .. } = action {
+        warn!(
+            ifname,
+            replaced = %root,
+            fq = %HandleDisplay(fq_handle),
+            "replaced the admin's root qdisc with fq (replace_qdisc = true); it will not be \
+             rebuilt on shutdown"
+        );
+    } else {
+        info!(ifname, replaced = %root, fq = %HandleDisplay(fq_handle), "installed fq as root qdisc");
+    }
+    Ok(FqGuard {
+        ifname: ifname.to_owned(),
+        ifindex,
+        action,
+        fq_handle,
+    })
+}
+
+impl FqGuard {
+    /// Undoes [`ensure_fq`]: deletes the `fq` it installed, so that the kernel attaches its
+    /// default root qdisc again; does nothing if `fq` was already there.
+    ///
+    /// An admin's qdisc that `fq` replaced is not rebuilt (that is logged). If the root qdisc is
+    /// no longer the `fq` that was installed, someone changed it since: it is left alone, with a
+    /// warning. An interface that disappeared took its qdiscs with it: nothing to do.
+    pub async fn restore(self) -> Result<(), QdiscError> {
+        let Self {
+            ifname,
+            ifindex,
+            action,
+            fq_handle,
+        } = self;
+        if action == Restore::Nothing {
+            debug!(ifname, "root qdisc was fq before shaper: leaving it");
+            return Ok(());
+        }
+        let rtnl = Rtnl::open(&ifname)?;
+        if !rtnl.link_exists(&ifname, ifindex).await? {
+            info!(ifname, ifindex, "interface is gone, and its qdiscs with it");
+            return Ok(());
+        }
+        match rtnl.root(&ifname, ifindex).await? {
+            RootQdisc::Fq { handle } if handle == fq_handle => {}
+            now => {
+                warn!(
+                    ifname,
+                    %now,
+                    "root qdisc is no longer the fq shaper installed; leaving it alone"
+                );
+                return Ok(());
+            }
+        }
+        rtnl.delete_root(&ifname, ifindex, fq_handle).await?;
+        if let Restore::Replaced { kind } = action {
+            warn!(
+                ifname,
+                "removed shaper's fq; the `{kind}` root qdisc it had replaced (replace_qdisc = \
+                 true) was NOT restored, with its classes and filters: the kernel's default \
+                 qdisc is in place until that setup is applied again"
+            );
+        } else {
+            info!(
+                ifname,
+                "removed shaper's fq; the kernel's default root qdisc is back"
+            );
+        }
+        Ok(())
+    }
+
+    /// The index of the interface.
+    #[must_use]
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex
+    }
+
+    /// The name the interface had when [`ensure_fq`] ran.
+    #[must_use]
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+
+    /// What [`restore`](Self::restore) will do.
+    #[must_use]
+    pub fn action(&self) -> &Restore {
+        &self.action
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(kind: &str, handle: u32, parent: u32) -> QdiscEntry {
+        QdiscEntry {
+            kind: kind.to_owned(),
+            handle,
+            parent,
+        }
+    }
+
+    #[test]
+    fn kernel_defaults_are_replaced_and_restored_by_deletion() {
+        for kind in ["noqueue", "pfifo_fast", "mq", "fq_codel", "noop"] {
+            let root = classify(&[entry(kind, 0, TC_H_ROOT)]);
+            assert_eq!(root, RootQdisc::Default { kind: kind.into() });
+            assert_eq!(decide(&root, false), Decision::Install(Restore::DeleteRoot));
+            assert_eq!(decide(&root, true), Decision::Install(Restore::DeleteRoot));
+        }
+    }
+
+    #[test]
+    fn no_root_in_dump_is_noop() {
+        let root = classify(&[entry("clsact", 0xFFFF_0000, TC_H_INGRESS)]);
+        assert_eq!(
+            root,
+            RootQdisc::Default {
+                kind: "noop".into()
+            }
+        );
+        assert_eq!(classify(&[]), root);
+    }
+
+    #[test]
+    fn fq_is_kept_whatever_its_handle() {
+        for handle in [0, 0x8001_0000, 0x0001_0000] {
+            let root = classify(&[
+                entry("clsact", 0xFFFF_0000, TC_H_INGRESS),
+                entry(FQ, handle, TC_H_ROOT),
+            ]);
+            assert_eq!(root, RootQdisc::Fq { handle });
+            assert_eq!(decide(&root, false), Decision::Keep);
+            assert_eq!(decide(&root, true), Decision::Keep);
+        }
+    }
+
+    #[test]
+    fn mq_with_only_fq_children_is_kept() {
+        for mq in [0, 0x0001_0000] {
+            let root = classify(&[
+                entry(MQ, mq, TC_H_ROOT),
+                entry(FQ, 0, mq | 1),
+                entry(FQ, 0x8002_0000, mq | 2),
+                entry("clsact", 0xFFFF_0000, TC_H_INGRESS),
+            ]);
+            assert_eq!(root, RootQdisc::MqAllFq);
+            assert_eq!(decide(&root, false), Decision::Keep);
+        }
+    }
+
+    #[test]
+    fn default_mq_with_other_children_is_a_default() {
+        let root = classify(&[
+            entry(MQ, 0, TC_H_ROOT),
+            entry(FQ, 0, 1),
+            entry("fq_codel", 0, 2),
+        ]);
+        assert_eq!(root, RootQdisc::Default { kind: MQ.into() });
+        // An mq with no child listed is not "all fq".
+        let root = classify(&[entry(MQ, 0, TC_H_ROOT)]);
+        assert_eq!(root, RootQdisc::Default { kind: MQ.into() });
+    }
+
+    #[test]
+    fn admin_mq_with_other_children_is_other() {
+        let root = classify(&[
+            entry(MQ, 0x0001_0000, TC_H_ROOT),
+            entry("pfifo_fast", 0, 0x0001_0001),
+        ]);
+        assert_eq!(
+            root,
+            RootQdisc::Other {
+                kind: MQ.into(),
+                handle: 0x0001_0000
+            }
+        );
+    }
+
+    #[test]
+    fn admin_qdisc_is_refused_unless_replacing_is_allowed() {
+        let root = classify(&[
+            entry("htb", 0x0001_0000, TC_H_ROOT),
+            entry(FQ, 0x0010_0000, 0x0001_0001),
+        ]);
+        assert_eq!(
+            root,
+            RootQdisc::Other {
+                kind: "htb".into(),
+                handle: 0x0001_0000
+            }
+        );
+        assert_eq!(
+            decide(&root, false),
+            Decision::Refuse { kind: "htb".into() }
+        );
+        assert_eq!(
+            decide(&root, true),
+            Decision::Install(Restore::Replaced { kind: "htb".into() })
+        );
+    }
+
+    #[test]
+    fn entries_of_other_interfaces_are_ignored() {
+        let mut message = TcMessage::with_index(7);
+        message.header.handle = 0x0001_0000.into();
+        message.header.parent = TcHandle::ROOT;
+        message.attributes.push(TcAttribute::Kind("htb".into()));
+        assert_eq!(
+            QdiscEntry::from_message(&message, 7),
+            Some(entry("htb", 0x0001_0000, TC_H_ROOT))
+        );
+        assert_eq!(QdiscEntry::from_message(&message, 8), None);
+    }
+
+    #[test]
+    fn handles_print_like_tc() {
+        assert_eq!(HandleDisplay(0).to_string(), "0:");
+        assert_eq!(HandleDisplay(0x8001_0000).to_string(), "8001:");
+        assert_eq!(HandleDisplay(0x0001_0002).to_string(), "1:2");
+        assert_eq!(
+            RootQdisc::Other {
+                kind: "htb".into(),
+                handle: 0x0001_0000
+            }
+            .to_string(),
+            "htb 1:"
+        );
+    }
+
+    /// An `NLMSGERR` payload as the kernel sends it with `NETLINK_CAP_ACK` and `NETLINK_EXT_ACK`.
+    fn nack(errno: i32, text: Option<&str>) -> ErrorMessage {
+        let mut payload = vec![0u8; NLMSG_HDRLEN];
+        if let Some(text) = text {
+            let mut value = text.as_bytes().to_vec();
+            value.push(0);
+            let len = u16::try_from(4 + value.len()).unwrap();
+            payload.extend(len.to_ne_bytes());
+            payload.extend(NLMSGERR_ATTR_MSG.to_ne_bytes());
+            payload.extend(value);
+            payload.resize((payload.len() + 3) & !3, 0);
+        }
+        // NLMSGERR_ATTR_OFFS, after the message, must not disturb the parsing.
+        payload.extend(8u16.to_ne_bytes());
+        payload.extend(2u16.to_ne_bytes());
+        payload.extend(20u32.to_ne_bytes());
+        let mut e = ErrorMessage::default();
+        e.code = std::num::NonZeroI32::new(-errno);
+        e.header = payload;
+        e
+    }
+
+    #[test]
+    fn kernel_error_carries_errno_and_extack_text() {
+        let e = KernelError::new(rtnetlink::Error::NetlinkError(nack(
+            libc::ENOENT,
+            Some("Specified qdisc kind is unknown"),
+        )));
+        assert_eq!(e.errno(), Some(libc::ENOENT));
+        assert_eq!(e.message(), Some("Specified qdisc kind is unknown"));
+        assert!(means_unknown_kind(&e));
+        assert_eq!(
+            e.to_string(),
+            "the kernel said: Specified qdisc kind is unknown"
+        );
+
+        let e = KernelError::new(rtnetlink::Error::NetlinkError(nack(libc::EPERM, None)));
+        assert_eq!(e.errno(), Some(libc::EPERM));
+        assert_eq!(e.message(), None);
+        assert!(!means_unknown_kind(&e));
+        assert_eq!(
+            KernelError::new(rtnetlink::Error::RequestFailed).errno(),
+            None
+        );
+    }
+
+    #[test]
+    fn extack_as_linux_6_18_sends_it() {
+        // The NLMSGERR payload of `RTM_NEWQDISC kind fq` on a kernel without sch_fq, captured
+        // with NETLINK_CAP_ACK + NETLINK_EXT_ACK: the request's header (flags 0x505 include
+        // NLM_F_CREATE|NLM_F_REPLACE), then NLMSGERR_ATTR_MSG.
+        let mut e = ErrorMessage::default();
+        e.code = std::num::NonZeroI32::new(-libc::ENOENT);
+        e.header = vec![
+            44, 0, 0, 0, 36, 0, 5, 5, 3, 0, 0, 0, 0, 0, 0, 0, 36, 0, 1, 0, 83, 112, 101, 99, 105,
+            102, 105, 101, 100, 32, 113, 100, 105, 115, 99, 32, 107, 105, 110, 100, 32, 105, 115,
+            32, 117, 110, 107, 110, 111, 119, 110, 0,
+        ];
+        let e = KernelError::new(rtnetlink::Error::NetlinkError(e));
+        assert_eq!(e.message(), Some("Specified qdisc kind is unknown"));
+        assert!(means_unknown_kind(&e));
+    }
+
+    #[test]
+    fn truncated_extack_is_ignored() {
+        let mut e = nack(libc::ENOENT, Some("text"));
+        e.header.truncate(NLMSG_HDRLEN + 6);
+        assert_eq!(extack_message(&e), None);
+        e.header.truncate(3);
+        assert_eq!(extack_message(&e), None);
+    }
+
+    #[test]
+    fn messages_name_the_interface_and_the_way_out() {
+        let occupied = QdiscError::Occupied {
+            ifname: "eth0".into(),
+            kind: "htb".into(),
+        }
+        .to_string();
+        assert!(occupied.contains("eth0") && occupied.contains("`htb`"));
+        assert!(occupied.contains("replace_qdisc = true"));
+
+        let unavailable = QdiscError::FqUnavailable {
+            ifname: "eth0".into(),
+            source: KernelError::new(rtnetlink::Error::NetlinkError(nack(libc::ENOENT, None))),
+        };
+        let text = unavailable.to_string();
+        for needle in [
+            "eth0",
+            "sch_fq",
+            "CONFIG_NET_SCH_FQ",
+            "modprobe sch_fq",
+            "refuses",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from {text}");
+        }
+        assert!(std::error::Error::source(&unavailable).is_some());
+    }
+}

@@ -1,0 +1,152 @@
+//! `cargo xtask setup`: installs, idempotently, everything the project needs on Debian/Ubuntu.
+//!
+//! Three layers, each checked before anything is installed (so a second run only checks):
+//! 1. apt packages: Debian's Rust 1.96 with a prebuilt `core` for `bpfel-unknown-none`, LLVM 22
+//!    (for bpf-linker), QEMU and the tools the tests run (iperf3, ping, tc);
+//! 2. `bpf-linker`, built against Debian's LLVM 22 (which matches rustc-web's LLVM);
+//! 3. the VM: a Debian kernel with `sch_fq` and virtme-ng (see [`crate::vm`]).
+//!
+//! The recipe and why each piece is needed: `../shared/KERNEL-AND-TOOLCHAIN.md`.
+
+use std::process::Command;
+
+use anyhow::{bail, Context as _};
+
+use crate::util;
+
+/// Debian packages the project needs (build, BPF toolchain, VM, test tools).
+pub const APT_PACKAGES: &[&str] = &[
+    "rustc-web",
+    "cargo-web",
+    "libstd-rust-web-dev-bpf",
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "clang-22",
+    "lld-22",
+    "qemu-system-x86",
+    "busybox-static",
+    "kmod",
+    "iperf3",
+    "iputils-ping",
+    "iproute2",
+    "python3-venv",
+];
+
+/// Where Debian's LLVM 22 lives (for bpf-linker's llvm-sys).
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+
+/// Installs everything: apt packages, bpf-linker, the VM kernel and virtme-ng.
+pub fn ensure_all() -> anyhow::Result<()> {
+    ensure_apt_packages(APT_PACKAGES)?;
+    ensure_bpf_linker()?;
+    let vm = crate::vm::ensure_vm()?;
+    eprintln!(
+        "setup: everything is in place; VM kernel {} (package {}), {}",
+        vm.kernel.release,
+        vm.kernel.package,
+        vm.vng.display()
+    );
+    Ok(())
+}
+
+/// `true` if the Debian package `name` is installed.
+pub fn apt_package_installed(name: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", name])
+        .output()
+        .is_ok_and(|out| {
+            out.status.success()
+                && String::from_utf8_lossy(&out.stdout).trim() == "install ok installed"
+        })
+}
+
+/// Installs the missing ones among `packages` (running `apt-get update` first only if some are).
+pub fn ensure_apt_packages(packages: &[&str]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = packages
+        .iter()
+        .copied()
+        .filter(|p| !apt_package_installed(p))
+        .collect();
+    if missing.is_empty() {
+        eprintln!(
+            "setup: apt packages already there ({} checked)",
+            packages.len()
+        );
+        return Ok(());
+    }
+    require_root(&format!("install apt packages {}", missing.join(" ")))?;
+    eprintln!("setup: installing apt packages: {}", missing.join(" "));
+    apt_get_update()?;
+    let mut install = apt_get(&["install", "-y"]);
+    install.args(&missing);
+    util::run(&mut install)?;
+    let still_missing: Vec<&str> = missing
+        .iter()
+        .copied()
+        .filter(|p| !apt_package_installed(p))
+        .collect();
+    if !still_missing.is_empty() {
+        bail!(
+            "apt-get install ran but these are still not installed: {}",
+            still_missing.join(" ")
+        );
+    }
+    eprintln!("setup: installed apt packages: {}", missing.join(" "));
+    Ok(())
+}
+
+/// `apt-get update` (quietly, non-interactively).
+pub fn apt_get_update() -> anyhow::Result<()> {
+    util::run(&mut apt_get(&["update", "-q"]))
+}
+
+/// An `apt-get` command that never asks questions.
+pub fn apt_get(args: &[&str]) -> Command {
+    let mut cmd = util::command("apt-get", args);
+    cmd.env("DEBIAN_FRONTEND", "noninteractive");
+    cmd
+}
+
+/// Installs `bpf-linker` (with `cargo install`, into `~/.cargo/bin`) unless it is on `PATH` there.
+pub fn ensure_bpf_linker() -> anyhow::Result<()> {
+    if let Some(path) = util::find_program("bpf-linker") {
+        eprintln!("setup: bpf-linker already there ({})", path.display());
+        return Ok(());
+    }
+    if !std::path::Path::new(LLVM_PREFIX)
+        .join("bin/llvm-config")
+        .exists()
+    {
+        bail!(
+            "bpf-linker needs LLVM 22 at {LLVM_PREFIX} (apt package llvm-22-dev), which is missing"
+        );
+    }
+    eprintln!("setup: building bpf-linker against LLVM 22 (takes a few minutes)");
+    let mut cmd = util::command(
+        util::cargo(),
+        &[
+            "install",
+            "bpf-linker",
+            "--no-default-features",
+            "--features",
+            "llvm-22",
+        ],
+    );
+    cmd.env("LLVM_SYS_221_PREFIX", LLVM_PREFIX)
+        .env("PATH", util::path_with_cargo_bin());
+    util::run(&mut cmd)?;
+    let path = util::find_program("bpf-linker").context(
+        "`cargo install bpf-linker` succeeded but bpf-linker is not on PATH or in ~/.cargo/bin",
+    )?;
+    eprintln!("setup: installed bpf-linker ({})", path.display());
+    Ok(())
+}
+
+/// Fails with a clear message unless we are root; `what` says what needed it.
+pub fn require_root(what: &str) -> anyhow::Result<()> {
+    if util::is_root() {
+        Ok(())
+    } else {
+        bail!("need root to {what}: run `cargo xtask setup` as root (e.g. with sudo -E)")
+    }
+}

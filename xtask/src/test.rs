@@ -1,0 +1,330 @@
+//! `cargo xtask test`: every check CI runs, in order, each one run whatever happened before.
+//!
+//! Stages: setup (installs what is missing), fmt, clippy, host tests (unit tests and kernel tests
+//! on the host kernel; need root), VM tests (the `vm` test of `shaper-tests`, built on the host and
+//! run in the VM, whose kernel has `sch_fq`). Ends with a table of stages and a line
+//! `N passed, M failed`; exits non-zero if any stage failed.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use clap::Args;
+use serde::Deserialize;
+
+use crate::{setup, util, vm};
+
+/// The package, feature and test target of the VM tests.
+const VM_TEST_PACKAGE: &str = "shaper-tests";
+const VM_TEST_FEATURE: &str = "vm";
+const VM_TEST_TARGET: &str = "vm";
+
+/// Options of `cargo xtask test`.
+#[derive(Args, Debug)]
+pub struct TestArgs {
+    /// Kill the VM running the VM tests after this many seconds.
+    #[arg(long, default_value_t = 2400)]
+    pub vm_timeout: u64,
+}
+
+struct Stage {
+    name: &'static str,
+    error: Option<anyhow::Error>,
+    elapsed: Duration,
+}
+
+/// Runs all stages and prints the summary; the exit code is 1 if any stage failed.
+pub fn run(args: &TestArgs) -> ExitCode {
+    type StageFn<'a> = Box<dyn Fn() -> anyhow::Result<()> + 'a>;
+    let plan: Vec<(&'static str, StageFn)> = vec![
+        ("setup", Box::new(setup::ensure_all)),
+        ("fmt", Box::new(|| cargo(&["fmt", "--all", "--check"]))),
+        (
+            "clippy",
+            Box::new(|| {
+                cargo(&[
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings",
+                ])
+            }),
+        ),
+        ("host tests", Box::new(host_tests)),
+        (
+            "vm tests",
+            Box::new(|| vm_tests(Duration::from_secs(args.vm_timeout))),
+        ),
+    ];
+    let total = plan.len();
+    let mut stages = Vec::with_capacity(total);
+    for (i, (name, stage)) in plan.into_iter().enumerate() {
+        println!("\n==> [{}/{total}] {name}", i + 1);
+        let started = Instant::now();
+        let error = stage().err();
+        let elapsed = started.elapsed();
+        match &error {
+            None => println!("<== {name}: ok ({:.1} s)", elapsed.as_secs_f64()),
+            Some(err) => println!(
+                "<== {name}: FAILED ({:.1} s): {err:#}",
+                elapsed.as_secs_f64()
+            ),
+        }
+        stages.push(Stage {
+            name,
+            error,
+            elapsed,
+        });
+    }
+    print_summary(&stages)
+}
+
+fn print_summary(stages: &[Stage]) -> ExitCode {
+    let width = stages
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    println!("\nSummary");
+    println!("{:<width$}  {:<6}  {:>8}", "stage", "result", "seconds");
+    for stage in stages {
+        let result = if stage.error.is_none() {
+            "ok"
+        } else {
+            "FAILED"
+        };
+        println!(
+            "{:<width$}  {result:<6}  {:>8.1}",
+            stage.name,
+            stage.elapsed.as_secs_f64()
+        );
+    }
+    let failed = stages.iter().filter(|s| s.error.is_some()).count();
+    println!("{} passed, {failed} failed", stages.len() - failed);
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// A cargo command (the cargo running xtask) at the workspace root, with `~/.cargo/bin` on PATH
+/// (where bpf-linker is).
+fn cargo_command(args: &[&str]) -> Command {
+    let mut cmd = util::command(util::cargo(), args);
+    cmd.current_dir(util::workspace_root())
+        .env("PATH", util::path_with_cargo_bin());
+    cmd
+}
+
+fn cargo(args: &[&str]) -> anyhow::Result<()> {
+    util::run(&mut cargo_command(args))
+}
+
+fn host_tests() -> anyhow::Result<()> {
+    if !util::is_root() {
+        eprintln!("warning: not root: the kernel tests need root and will fail");
+    }
+    cargo(&["test", "--workspace", "--", "--test-threads=1"])
+}
+
+/// Builds the VM test binary on the host, runs it in the VM and checks it passed tests.
+fn vm_tests(timeout: Duration) -> anyhow::Result<()> {
+    let exe = build_vm_tests()?;
+    let root = util::workspace_root();
+    let script = format!(
+        "modprobe sch_fq\n\
+         modprobe veth\n\
+         mount -t bpf bpf /sys/fs/bpf 2>/dev/null\n\
+         cd {root}\n\
+         export SHAPER_IN_VM=1\n\
+         exec {exe} --test-threads=1 --nocapture\n",
+        root = util::shell_quote_path(&root)?,
+        exe = util::shell_quote_path(&exe)?,
+    );
+    let rwdir = vm::vm_dir().join("test-run");
+    println!("vm tests: running {} in the VM", exe.display());
+    let run = vm::run_in_vm_live(&script, &rwdir, timeout)?;
+    println!("vm tests: exit code {}", run.exit_code);
+    if run.exit_code != 0 {
+        bail!("the VM tests exited with code {}", run.exit_code);
+    }
+    match passed_count(&run.output) {
+        Some(n) if n > 0 => Ok(()),
+        Some(_) => bail!("the VM tests ran no test (`test result: ok. 0 passed`)"),
+        None => {
+            bail!("the VM tests' output has no libtest summary line `test result: ok. N passed`")
+        }
+    }
+}
+
+/// The largest N among libtest summary lines `test result: ok. N passed; ...`.
+fn passed_count(output: &str) -> Option<u64> {
+    output
+        .lines()
+        .filter_map(|line| {
+            let rest = line.trim().strip_prefix("test result: ok. ")?;
+            rest.strip_suffix("passed")
+                .or_else(|| rest.split_once(" passed").map(|(n, _)| n))?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .max()
+}
+
+/// The parts of cargo's JSON messages we read.
+#[derive(Deserialize)]
+struct CargoMessage {
+    reason: String,
+    #[serde(default)]
+    target: Option<CargoTarget>,
+    #[serde(default)]
+    profile: Option<CargoProfile>,
+    #[serde(default)]
+    executable: Option<PathBuf>,
+    #[serde(default)]
+    message: Option<CompilerMessage>,
+}
+
+#[derive(Deserialize)]
+struct CargoTarget {
+    name: String,
+}
+
+#[derive(Deserialize)]
+struct CargoProfile {
+    test: bool,
+}
+
+#[derive(Deserialize)]
+struct CompilerMessage {
+    rendered: Option<String>,
+}
+
+/// `cargo test -p shaper-tests --features vm --test vm --no-run --message-format=json`; returns
+/// the test executable.
+fn build_vm_tests() -> anyhow::Result<PathBuf> {
+    let features = VM_TEST_FEATURE;
+    let target = VM_TEST_TARGET;
+    let mut cmd = cargo_command(&[
+        "test",
+        "-p",
+        VM_TEST_PACKAGE,
+        "--features",
+        features,
+        "--test",
+        target,
+        "--no-run",
+        "--message-format=json",
+    ]);
+    let shown = util::display_command(&cmd);
+    eprintln!("+ {shown}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start `{shown}`"))?;
+    // cargo's progress and errors go to stderr: show them as they come and keep them to explain
+    // a failure.
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let stderr_thread = std::thread::spawn(move || {
+        let mut kept = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("{line}");
+            kept.push_str(&line);
+            kept.push('\n');
+        }
+        kept
+    });
+    let mut executables = Vec::new();
+    let stdout = child.stdout.take().expect("stdout is piped");
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("cannot read cargo's output")?;
+        let Ok(msg) = serde_json::from_str::<CargoMessage>(&line) else {
+            continue;
+        };
+        match msg.reason.as_str() {
+            "compiler-message" => {
+                if let Some(rendered) = msg.message.and_then(|m| m.rendered) {
+                    eprint!("{rendered}");
+                }
+            }
+            "compiler-artifact" => {
+                let is_test = msg.profile.is_some_and(|p| p.test);
+                let is_vm = msg.target.is_some_and(|t| t.name == target);
+                if let (true, true, Some(exe)) = (is_test, is_vm, msg.executable) {
+                    executables.push(exe);
+                }
+            }
+            _ => {}
+        }
+    }
+    let status = child.wait().context("cannot wait for cargo")?;
+    let stderr = stderr_thread.join().unwrap_or_default();
+    if !status.success() {
+        if let Some(why) = missing_target_explanation(&stderr) {
+            bail!("{why}");
+        }
+        bail!("building the VM tests failed: `{shown}` {status}");
+    }
+    match executables.as_slice() {
+        [exe] => Ok(exe.clone()),
+        [] => bail!(
+            "`{shown}` built no test executable for the test target `{target}` of {VM_TEST_PACKAGE}"
+        ),
+        many => bail!("`{shown}` built several test executables: {many:?}"),
+    }
+}
+
+/// A clear explanation if cargo failed because the VM test crate, feature or target is missing.
+fn missing_target_explanation(stderr: &str) -> Option<String> {
+    let missing = [
+        "did not match any packages",
+        "packages outside of workspace",
+        "no test target named",
+        "does not contain this feature",
+        "does not have the feature",
+        "does not have these features",
+        "none of the selected packages contains",
+    ];
+    let said = stderr
+        .lines()
+        .find(|line| missing.iter().any(|m| line.contains(m)))?;
+    Some(format!(
+        "no VM test target: the VM tests are the test target `{VM_TEST_TARGET}` of the package \
+         `{VM_TEST_PACKAGE}` (tests/, a workspace member) built with its feature \
+         `{VM_TEST_FEATURE}`; cargo said: {}",
+        said.trim()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{missing_target_explanation, passed_count};
+
+    #[test]
+    fn summary_lines() {
+        let out = "running 3 tests\n...\ntest result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.00s\n";
+        assert_eq!(passed_count(out), Some(3));
+        assert_eq!(passed_count("test result: ok. 0 passed; 0 failed"), Some(0));
+        assert_eq!(
+            passed_count("test result: FAILED. 2 passed; 1 failed"),
+            None
+        );
+        assert_eq!(passed_count("no tests here"), None);
+    }
+
+    #[test]
+    fn missing_target() {
+        let err = "error: no test target named `vm` in `shaper-tests` package\n";
+        assert!(missing_target_explanation(err).is_some());
+        assert!(missing_target_explanation("error: could not compile `x`").is_none());
+    }
+}

@@ -1,0 +1,695 @@
+//! The test VM: a Debian kernel that has `sch_fq`, booted under QEMU by virtme-ng.
+//!
+//! Why: the host kernel here lacks `sch_fq` (and loadable modules), so EDT timestamps are not
+//! enforced on it; pacing can only be tested on another kernel. virtme-ng boots that kernel with
+//! the host's root file system (read-only, so host-built binaries run unchanged and the workspace
+//! is visible at the same path) plus writable `--rwdir` folders.
+//!
+//! Everything is cached under `target/vm/`:
+//! - `debs/`: the downloaded `linux-image-<ver>` package;
+//! - `kernels/<ver>/`: the package extracted (`boot/vmlinuz-<ver>`); its modules are copied to
+//!   `/lib/modules/<ver>` on the host, where the guest (which sees the host's root) finds them;
+//! - `venv/`: a Python venv with virtme-ng (`vng`).
+//!
+//! vng's own exit status is useless (255 whatever the guest command returned) and the guest's
+//! output only reaches vng's stdout with `--verbose`, mixed with the kernel log; so the guest runs
+//! a wrapper that writes the script's output and exit code to files in the rwdir.
+//!
+//! Recipe and measurements: `../shared/KERNEL-AND-TOOLCHAIN.md`.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use clap::Args;
+
+use crate::{setup, util};
+
+/// The virtme-ng release the recipe was verified with.
+pub const VIRTME_NG_VERSION: &str = "1.42";
+
+/// The Debian metapackage whose dependency names the kernel to use.
+const KERNEL_METAPACKAGE: &str = "linux-image-amd64";
+
+/// Memory and CPUs of the guest (the host has 2 cores).
+const VM_MEMORY: &str = "2G";
+const VM_CPUS: &str = "2";
+
+/// Host environment variables passed on to the guest script when set.
+const PASSED_ENV: &[&str] = &["RUST_BACKTRACE", "RUST_LOG", "CI"];
+
+/// The result of [`run_in_vm`].
+#[derive(Debug, Clone)]
+pub struct VmRun {
+    /// The script's exit code (128 + N if signal N killed the shell).
+    pub exit_code: i32,
+    /// The script's stdout and stderr, interleaved as written.
+    pub output: String,
+}
+
+/// The VM kernel, ready to boot.
+#[derive(Debug, Clone)]
+pub struct VmKernel {
+    /// The Debian package it came from, e.g. `linux-image-6.1.0-56-amd64`.
+    pub package: String,
+    /// The kernel release (`uname -r` in the guest), e.g. `6.1.0-56-amd64`.
+    pub release: String,
+    /// The kernel image to boot.
+    pub vmlinuz: PathBuf,
+}
+
+/// Everything a VM run needs.
+#[derive(Debug, Clone)]
+pub struct Vm {
+    pub kernel: VmKernel,
+    /// The `vng` executable (in the venv).
+    pub vng: PathBuf,
+}
+
+/// Options of `cargo xtask vm`.
+#[derive(Args, Debug)]
+pub struct VmArgs {
+    /// Kill the VM after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// A directory writable inside the guest [default: target/vm/run].
+    #[arg(long)]
+    pub rwdir: Option<PathBuf>,
+    /// The command to run in the guest, as root, from the workspace root (put it after `--`).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
+}
+
+/// `cargo xtask vm -- COMMAND...`: runs the command in the VM, prints its output and exit code,
+/// and exits with that code.
+pub fn run(args: &VmArgs) -> anyhow::Result<ExitCode> {
+    let rwdir = args.rwdir.clone().unwrap_or_else(|| vm_dir().join("run"));
+    let script = args
+        .command
+        .iter()
+        .map(|word| util::shell_quote(word))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let started = Instant::now();
+    let result = run_in_vm(&script, &rwdir, Duration::from_secs(args.timeout))?;
+    print!("{}", result.output);
+    if !result.output.is_empty() && !result.output.ends_with('\n') {
+        println!();
+    }
+    println!(
+        "vm: exit code {} (boot + run took {:.1} s)",
+        result.exit_code,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::from(
+        u8::try_from(result.exit_code).unwrap_or(u8::MAX),
+    ))
+}
+
+/// `target/vm`, where the kernel, virtme-ng and run files are kept.
+pub fn vm_dir() -> PathBuf {
+    util::target_dir().join("vm")
+}
+
+/// Makes sure the kernel and virtme-ng are in place (installing what is missing).
+pub fn ensure_vm() -> anyhow::Result<Vm> {
+    let kernel = ensure_kernel()?;
+    let vng = ensure_virtme_ng()?;
+    Ok(Vm { kernel, vng })
+}
+
+/// The kernel package `linux-image-amd64` currently depends on, e.g. `linux-image-6.1.0-56-amd64`.
+/// Runs `apt-get update` once if apt does not know the metapackage yet (fresh machine).
+pub fn kernel_package() -> anyhow::Result<String> {
+    if let Some(package) = query_kernel_package()? {
+        return Ok(package);
+    }
+    setup::require_root("refresh apt's package lists")?;
+    setup::apt_get_update()?;
+    query_kernel_package()?.with_context(|| {
+        format!(
+            "`apt-cache depends {KERNEL_METAPACKAGE}` names no linux-image-*-amd64 package: \
+             the VM kernel comes from Debian's archive (is this Debian with main enabled?)"
+        )
+    })
+}
+
+fn query_kernel_package() -> anyhow::Result<Option<String>> {
+    let out = util::command("apt-cache", &["depends", KERNEL_METAPACKAGE])
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run apt-cache (is this Debian/Ubuntu?)")?;
+    Ok(parse_kernel_dependency(&String::from_utf8_lossy(
+        &out.stdout,
+    )))
+}
+
+/// Picks `linux-image-<release>` out of `apt-cache depends linux-image-amd64`'s output.
+fn parse_kernel_dependency(apt_cache_depends: &str) -> Option<String> {
+    apt_cache_depends.lines().find_map(|line| {
+        let name = line
+            .trim()
+            .trim_start_matches('|')
+            .strip_prefix("Depends:")?
+            .trim();
+        let release = name.strip_prefix("linux-image-")?;
+        let looks_like_release =
+            release.starts_with(|c: char| c.is_ascii_digit()) && !release.contains(['<', '>', ' ']);
+        looks_like_release.then(|| name.to_owned())
+    })
+}
+
+/// Downloads and extracts the Debian kernel (once) and installs its modules in `/lib/modules`.
+pub fn ensure_kernel() -> anyhow::Result<VmKernel> {
+    let kernels = vm_dir().join("kernels");
+    let package = match kernel_package() {
+        Ok(package) => package,
+        Err(err) => {
+            // Without apt (or its lists) a kernel fetched earlier is still good.
+            let cached = cached_kernels(&kernels);
+            let Some(kernel) = cached.into_iter().next() else {
+                return Err(err);
+            };
+            eprintln!(
+                "vm: cannot resolve the current kernel package ({err:#}); using the cached {}",
+                kernel.release
+            );
+            ensure_modules(&kernel)?;
+            return Ok(kernel);
+        }
+    };
+    let release = package
+        .strip_prefix("linux-image-")
+        .expect("parse_kernel_dependency returns linux-image-*")
+        .to_owned();
+    let extracted = kernels.join(&release);
+    let vmlinuz = extracted.join("boot").join(format!("vmlinuz-{release}"));
+    let kernel = VmKernel {
+        package: package.clone(),
+        release: release.clone(),
+        vmlinuz: vmlinuz.clone(),
+    };
+    if vmlinuz.is_file() {
+        eprintln!(
+            "vm: kernel {release} (from {package}) already there ({})",
+            vmlinuz.display()
+        );
+    } else {
+        let deb = download_deb(&package)?;
+        let partial = kernels.join(format!("{release}.partial"));
+        if partial.exists() {
+            fs::remove_dir_all(&partial)
+                .with_context(|| format!("cannot remove {}", partial.display()))?;
+        }
+        fs::create_dir_all(&partial)
+            .with_context(|| format!("cannot create {}", partial.display()))?;
+        util::run(Command::new("dpkg").arg("-x").arg(&deb).arg(&partial))?;
+        if !partial
+            .join("boot")
+            .join(format!("vmlinuz-{release}"))
+            .is_file()
+        {
+            bail!(
+                "{} has no boot/vmlinuz-{release}: not the kernel package expected",
+                deb.display()
+            );
+        }
+        if extracted.exists() {
+            fs::remove_dir_all(&extracted)
+                .with_context(|| format!("cannot remove {}", extracted.display()))?;
+        }
+        fs::rename(&partial, &extracted).with_context(|| {
+            format!(
+                "cannot rename {} to {}",
+                partial.display(),
+                extracted.display()
+            )
+        })?;
+        eprintln!("vm: extracted kernel {release} ({})", vmlinuz.display());
+    }
+    ensure_modules(&kernel)?;
+    Ok(kernel)
+}
+
+/// Kernels extracted earlier, newest name first.
+fn cached_kernels(kernels: &Path) -> Vec<VmKernel> {
+    let Ok(entries) = fs::read_dir(kernels) else {
+        return Vec::new();
+    };
+    let mut found: Vec<VmKernel> = entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let release = entry.file_name().into_string().ok()?;
+            let vmlinuz = entry.path().join("boot").join(format!("vmlinuz-{release}"));
+            vmlinuz.is_file().then(|| VmKernel {
+                package: format!("linux-image-{release}"),
+                release,
+                vmlinuz,
+            })
+        })
+        .collect();
+    found.sort_by(|a, b| b.release.cmp(&a.release));
+    found
+}
+
+/// `apt-get download PACKAGE` into `target/vm/debs` (unless already there); returns the .deb.
+fn download_deb(package: &str) -> anyhow::Result<PathBuf> {
+    let debs = vm_dir().join("debs");
+    fs::create_dir_all(&debs).with_context(|| format!("cannot create {}", debs.display()))?;
+    let find = || -> anyhow::Result<Option<PathBuf>> {
+        let prefix = format!("{package}_");
+        for entry in
+            fs::read_dir(&debs).with_context(|| format!("cannot read {}", debs.display()))?
+        {
+            let path = entry?.path();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            if name.starts_with(&prefix) && path.extension().is_some_and(|ext| ext == "deb") {
+                return Ok(Some(path));
+            }
+        }
+        Ok(None)
+    };
+    if let Some(deb) = find()? {
+        eprintln!("vm: {} already downloaded", deb.display());
+        return Ok(deb);
+    }
+    eprintln!("vm: downloading {package} (about 70 MB)");
+    let mut cmd = setup::apt_get(&["download", "-q", package]);
+    cmd.current_dir(&debs);
+    util::run(&mut cmd)?;
+    find()?.with_context(|| {
+        format!(
+            "`apt-get download {package}` left no {package}_*.deb in {}",
+            debs.display()
+        )
+    })
+}
+
+/// Copies the kernel's modules to `/lib/modules/<release>` (where the guest looks) and runs
+/// `depmod`, unless that was done before.
+fn ensure_modules(kernel: &VmKernel) -> anyhow::Result<()> {
+    let installed = Path::new("/lib/modules").join(&kernel.release);
+    if installed.join("modules.dep").is_file() {
+        eprintln!(
+            "vm: modules for {} already in {}",
+            kernel.release,
+            installed.display()
+        );
+        return Ok(());
+    }
+    setup::require_root(&format!(
+        "install the VM kernel's modules in {}",
+        installed.display()
+    ))?;
+    let extracted = kernel
+        .vmlinuz
+        .parent()
+        .and_then(Path::parent)
+        .context("vmlinuz path has no parent")?;
+    let source = ["lib/modules", "usr/lib/modules"]
+        .iter()
+        .map(|dir| extracted.join(dir).join(&kernel.release))
+        .find(|dir| dir.is_dir())
+        .with_context(|| {
+            format!(
+                "no lib/modules/{} in {}",
+                kernel.release,
+                extracted.display()
+            )
+        })?;
+    fs::create_dir_all("/lib/modules").context("cannot create /lib/modules")?;
+    util::run(
+        Command::new("cp")
+            .arg("-a")
+            .arg(&source)
+            .arg("/lib/modules/"),
+    )?;
+    let depmod = util::find_program("depmod").unwrap_or_else(|| PathBuf::from("/usr/sbin/depmod"));
+    util::run(&mut util::command(depmod, &[&kernel.release]))?;
+    if !installed.join("modules.dep").is_file() {
+        bail!(
+            "depmod {} wrote no {}/modules.dep",
+            kernel.release,
+            installed.display()
+        );
+    }
+    eprintln!(
+        "vm: installed modules for {} in {}",
+        kernel.release,
+        installed.display()
+    );
+    Ok(())
+}
+
+/// Installs virtme-ng [`VIRTME_NG_VERSION`] in the venv `target/vm/venv` (once); returns `vng`.
+pub fn ensure_virtme_ng() -> anyhow::Result<PathBuf> {
+    let venv = vm_dir().join("venv");
+    let vng = venv.join("bin").join("vng");
+    let pip = venv.join("bin").join("pip");
+    if installed_virtme_ng_version(&venv).as_deref() == Some(VIRTME_NG_VERSION) && vng.is_file() {
+        eprintln!(
+            "vm: virtme-ng {VIRTME_NG_VERSION} already there ({})",
+            vng.display()
+        );
+        return Ok(vng);
+    }
+    if !pip.is_file() {
+        // A venv made before python3-venv was installed has no pip: start again.
+        if venv.exists() {
+            fs::remove_dir_all(&venv)
+                .with_context(|| format!("cannot remove {}", venv.display()))?;
+        }
+        eprintln!("vm: creating the Python venv {}", venv.display());
+        util::run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    }
+    eprintln!("vm: installing virtme-ng {VIRTME_NG_VERSION} from PyPI");
+    util::run(&mut util::command(
+        &pip,
+        &[
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            &format!("virtme-ng=={VIRTME_NG_VERSION}"),
+        ],
+    ))?;
+    if !vng.is_file() {
+        bail!("pip installed virtme-ng but there is no {}", vng.display());
+    }
+    eprintln!(
+        "vm: installed virtme-ng {VIRTME_NG_VERSION} ({})",
+        vng.display()
+    );
+    Ok(vng)
+}
+
+/// The virtme-ng version installed in `venv`, read from its package metadata (no Python start).
+fn installed_virtme_ng_version(venv: &Path) -> Option<String> {
+    let lib = fs::read_dir(venv.join("lib")).ok()?;
+    for python in lib.filter_map(Result::ok) {
+        let site = python.path().join("site-packages");
+        let Ok(entries) = fs::read_dir(&site) else {
+            continue;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if let Some(version) = name
+                .strip_prefix("virtme_ng-")
+                .and_then(|rest| rest.strip_suffix(".dist-info"))
+            {
+                return Some(version.to_owned());
+            }
+        }
+    }
+    None
+}
+
+/// Boots the VM kernel with the host's root fs (read-only), `rwdir` writable, runs `script` (a
+/// bash script text) as root inside, returns the script's real exit code and its combined
+/// stdout/stderr (passed back through files in rwdir because vng's own exit status is meaningless
+/// and its stdout is only available with --verbose). Times out after `timeout`.
+///
+/// The script starts in the workspace root (visible read-only at the same path in the guest),
+/// with the host's `PATH` (plus `~/.cargo/bin`) and `HOME`. It must load the modules it needs
+/// (`modprobe sch_fq veth ...`) and mount what it needs (`/sys/fs/bpf`) itself.
+pub fn run_in_vm(script: &str, rwdir: &Path, timeout: Duration) -> anyhow::Result<VmRun> {
+    run_vm(script, rwdir, timeout, false)
+}
+
+/// Like [`run_in_vm`], and also copies the script's output to our stdout while it runs.
+pub fn run_in_vm_live(script: &str, rwdir: &Path, timeout: Duration) -> anyhow::Result<VmRun> {
+    run_vm(script, rwdir, timeout, true)
+}
+
+/// The files of one run, in `<rwdir>/.xtask-vm/`.
+struct RunFiles {
+    dir: PathBuf,
+    script: PathBuf,
+    wrapper: PathBuf,
+    output: PathBuf,
+    exit_code: PathBuf,
+    console: PathBuf,
+}
+
+impl RunFiles {
+    fn new(rwdir: &Path) -> Self {
+        let dir = rwdir.join(".xtask-vm");
+        Self {
+            script: dir.join("script.sh"),
+            wrapper: dir.join("wrapper.sh"),
+            output: dir.join("output.log"),
+            exit_code: dir.join("exit-code"),
+            console: dir.join("vng-console.log"),
+            dir,
+        }
+    }
+}
+
+fn run_vm(script: &str, rwdir: &Path, timeout: Duration, live: bool) -> anyhow::Result<VmRun> {
+    let vm = ensure_vm()?;
+    fs::create_dir_all(rwdir).with_context(|| format!("cannot create {}", rwdir.display()))?;
+    let rwdir = rwdir
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", rwdir.display()))?;
+    let files = RunFiles::new(&rwdir);
+    fs::create_dir_all(&files.dir)
+        .with_context(|| format!("cannot create {}", files.dir.display()))?;
+    for stale in [&files.output, &files.exit_code, &files.console] {
+        match fs::remove_file(stale) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot remove {}", stale.display())),
+        }
+    }
+    fs::write(&files.script, script)
+        .with_context(|| format!("cannot write {}", files.script.display()))?;
+    fs::write(&files.wrapper, wrapper_script(&files)?)
+        .with_context(|| format!("cannot write {}", files.wrapper.display()))?;
+
+    let console = fs::File::create(&files.console)
+        .with_context(|| format!("cannot create {}", files.console.display()))?;
+    let exec = format!("bash {}", util::shell_quote_path(&files.wrapper)?);
+    let mut cmd = Command::new(&vm.vng);
+    cmd.arg("--run")
+        .arg(&vm.kernel.vmlinuz)
+        .args(["--disable-kvm", "--force-9p", "--verbose"])
+        .args(["--memory", VM_MEMORY, "--cpus", VM_CPUS])
+        .arg("--rwdir")
+        .arg(&rwdir)
+        .arg("--exec")
+        .arg(&exec)
+        .current_dir(util::workspace_root())
+        // vng runs qemu-system-x86_64 from PATH; the venv's bin holds vng's helpers.
+        .env("PATH", vng_path(&vm.vng))
+        .stdin(Stdio::null())
+        .stdout(
+            console
+                .try_clone()
+                .context("cannot duplicate a file handle")?,
+        )
+        .stderr(console);
+    eprintln!(
+        "vm: booting {} (TCG, {VM_CPUS} CPUs, {VM_MEMORY}), timeout {} s; console log: {}",
+        vm.kernel.release,
+        timeout.as_secs(),
+        files.console.display()
+    );
+    let shown = util::display_command(&cmd);
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start `{shown}`"))?;
+    let started = Instant::now();
+    let mut echo = live.then(|| LiveEcho::new(files.output.clone()));
+    let status = loop {
+        if let Some(echo) = echo.as_mut() {
+            echo.pump();
+        }
+        if let Some(status) = child.try_wait().context("cannot wait for vng")? {
+            break status;
+        }
+        if started.elapsed() > timeout {
+            kill_tree(&child);
+            let _ = child.wait();
+            bail!(
+                "the VM run timed out after {} s and was killed\n--- script output so far ---\n{}\n--- end of vng console log ---\n{}",
+                timeout.as_secs(),
+                tail(&read_lossy(&files.output), 60),
+                tail(&read_lossy(&files.console), 40)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Nothing of ours may outlive the run (qemu, should vng leave it behind).
+    kill_tree(&child);
+    if let Some(echo) = echo.as_mut() {
+        echo.pump();
+    }
+    let output = read_lossy(&files.output);
+    let Ok(code) = fs::read_to_string(&files.exit_code) else {
+        bail!(
+            "the guest recorded no exit code (vng exited with {status} after {:.1} s: did the kernel \
+             boot and the wrapper run?)\n--- script output ---\n{}\n--- end of vng console log ({}) ---\n{}",
+            started.elapsed().as_secs_f64(),
+            tail(&output, 40),
+            files.console.display(),
+            tail(&read_lossy(&files.console), 60)
+        );
+    };
+    let exit_code = code
+        .trim()
+        .parse()
+        .with_context(|| format!("bad exit code {code:?} in {}", files.exit_code.display()))?;
+    Ok(VmRun { exit_code, output })
+}
+
+/// The guest-side wrapper: runs the script from the workspace root and records its output and
+/// exit code in the rwdir (renamed into place so that a partial write is never read).
+fn wrapper_script(files: &RunFiles) -> anyhow::Result<String> {
+    let q = util::shell_quote_path;
+    let path = util::path_with_cargo_bin();
+    let path = path.to_str().context("PATH is not UTF-8")?;
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".to_owned());
+    let mut s = String::from(
+        "#!/bin/bash\n# Written by `cargo xtask` (xtask/src/vm.rs); runs in the VM guest.\n",
+    );
+    writeln!(s, "export PATH={}", util::shell_quote(path))?;
+    writeln!(s, "export HOME={}", util::shell_quote(&home))?;
+    for name in PASSED_ENV {
+        if let Ok(value) = std::env::var(name) {
+            writeln!(s, "export {name}={}", util::shell_quote(&value))?;
+        }
+    }
+    writeln!(
+        s,
+        "cd {root} && bash {script} >{output} 2>&1 </dev/null",
+        root = q(&util::workspace_root())?,
+        script = q(&files.script)?,
+        output = q(&files.output)?,
+    )?;
+    writeln!(s, "rc=$?")?;
+    writeln!(
+        s,
+        "echo \"$rc\" >{tmp} && mv {tmp} {exit}",
+        tmp = q(&files.dir.join("exit-code.tmp"))?,
+        exit = q(&files.exit_code)?,
+    )?;
+    writeln!(s, "sync")?;
+    Ok(s)
+}
+
+/// `PATH` for vng: its venv's bin first, then ours.
+fn vng_path(vng: &Path) -> std::ffi::OsString {
+    let mut dirs: Vec<PathBuf> = vng.parent().map(Path::to_path_buf).into_iter().collect();
+    dirs.extend(std::env::split_paths(&util::path_with_cargo_bin()));
+    std::env::join_paths(dirs).unwrap_or_default()
+}
+
+/// Copies what the guest appends to the output file to our stdout.
+struct LiveEcho {
+    path: PathBuf,
+    offset: u64,
+}
+
+impl LiveEcho {
+    fn new(path: PathBuf) -> Self {
+        Self { path, offset: 0 }
+    }
+
+    fn pump(&mut self) {
+        let Ok(mut file) = fs::File::open(&self.path) else {
+            return;
+        };
+        if file.seek(SeekFrom::Start(self.offset)).is_err() {
+            return;
+        }
+        let mut buf = Vec::new();
+        if let Ok(n) = file.read_to_end(&mut buf) {
+            self.offset += n as u64;
+            let mut stdout = std::io::stdout().lock();
+            let _ = stdout.write_all(&buf);
+            let _ = stdout.flush();
+        }
+    }
+}
+
+/// Kills `child` and all its descendants (found through /proc), children first seen last.
+fn kill_tree(child: &Child) {
+    let root = i32::try_from(child.id()).expect("pid fits in i32");
+    let mut pids = vec![root];
+    let mut i = 0;
+    while i < pids.len() {
+        let parent = pids[i];
+        pids.extend(children_of(parent));
+        i += 1;
+    }
+    for pid in pids {
+        // SAFETY: kill(2) with a pid we collected from our own child's tree; it has no memory
+        // effects, and a pid that has gone away meanwhile just gives ESRCH.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// The pids whose parent is `parent`.
+fn children_of(parent: i32) -> Vec<i32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| {
+            fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                // Fields after the command (which may hold spaces) in parentheses: state ppid ...
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
+}
+
+fn read_lossy(path: &Path) -> String {
+    fs::read(path)
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .unwrap_or_default()
+}
+
+/// The last `lines` lines of `text`.
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_kernel_dependency, tail};
+
+    #[test]
+    fn kernel_dependency() {
+        let out = "linux-image-amd64\n  Depends: linux-image-6.1.0-56-amd64\n";
+        assert_eq!(
+            parse_kernel_dependency(out).as_deref(),
+            Some("linux-image-6.1.0-56-amd64")
+        );
+        assert_eq!(parse_kernel_dependency("linux-image-amd64\n"), None);
+        assert_eq!(
+            parse_kernel_dependency("x\n  Depends: <linux-image-6.1-virtual>\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn tails() {
+        assert_eq!(tail("a\nb\nc\n", 2), "b\nc");
+        assert_eq!(tail("a", 5), "a");
+    }
+}
