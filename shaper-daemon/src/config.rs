@@ -74,7 +74,13 @@ pub const MAX_CLASSES: usize = shaper_common::MAX_CLASSES as usize;
 /// `daemon.tick` when the file does not set it.
 pub const DEFAULT_TICK: Duration = Duration::from_millis(10);
 /// A class's `horizon` when the file does not set it.
-pub const DEFAULT_HORIZON: Duration = Duration::from_secs(2);
+///
+/// The horizon bounds the queue a backlogged class builds in `fq`: every packet waits at most
+/// this long. 200 ms keeps a TCP flow's queue from growing into seconds of bufferbloat (the
+/// 1000-packet FIFO behind an HTB class holds 6 s at 2 mbit/s) while leaving tens of
+/// packets of buffer at the lowest rates, and it lets a rate change reach the wire within
+/// that time, since packets already queued keep the departure times they were given.
+pub const DEFAULT_HORIZON: Duration = Duration::from_millis(200);
 /// Valid values of `daemon.tick`.
 pub const TICK_RANGE: RangeInclusive<Duration> = Duration::from_millis(1)..=Duration::from_secs(1);
 /// Valid values of a class's `horizon`.

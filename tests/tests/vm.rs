@@ -78,7 +78,12 @@ impl Topology {
             }
             sleep(Duration::from_millis(200));
         }
-        panic!("shaperd did not come up: {}", std::fs::read_to_string(&daemon.log).unwrap_or_default());
+        let status = self.ctl(&["status", "--json"]);
+        panic!(
+            "shaperd did not come up: log: {}\nshaperctl: {}",
+            std::fs::read_to_string(&daemon.log).unwrap_or_default(),
+            String::from_utf8_lossy(&status.stderr)
+        );
     }
 
     fn ctl(&self, args: &[&str]) -> std::process::Output {
@@ -93,7 +98,7 @@ impl Topology {
 
     /// Starts an iperf3 server on `port` in the server namespace.
     fn iperf_server(&self, port: u16) -> Child {
-        let c = self.srv.command("iperf3").args(["-s", "-1", "-p", &port.to_string()]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let c = self.srv.command("iperf3").args(["-s", "-1", "-J", "-p", &port.to_string()]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
         sleep(Duration::from_millis(300));
         c
     }
