@@ -32,6 +32,8 @@ pub mod maps {
 
 /// Name of the tc program in the object file.
 pub const PROGRAM_NAME: &str = "shaper_egress";
+/// Name of the program that only returns `TC_ACT_OK`, the benchmarks' baseline.
+pub const PASS_PROGRAM_NAME: &str = "shaper_pass";
 
 /// `IfaceConfig::flags`: the interface is shaped (the slot is in use).
 pub const IFACE_ENABLED: u32 = 1;

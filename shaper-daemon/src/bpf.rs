@@ -16,7 +16,7 @@ use aya::{
 };
 use shaper_common::{
     maps, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple,
-    MAX_CLASSES, PROGRAM_NAME,
+    MAX_CLASSES, PASS_PROGRAM_NAME, PROGRAM_NAME,
 };
 
 use crate::rules::Compiled;
@@ -133,6 +133,20 @@ impl Datapath {
             .program(PROGRAM_NAME)
             .and_then(|p| <&SchedClassifier>::try_from(p).ok())
             .expect("checked in load()")
+    }
+
+    /// Loads (once) and returns the program that does nothing, for benchmarks.
+    pub fn pass_program(&mut self) -> Result<&SchedClassifier, BpfError> {
+        let program: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(PASS_PROGRAM_NAME)
+            .ok_or(BpfError::NoProgram(None))?
+            .try_into()
+            .map_err(|e| BpfError::NoProgram(Some(e)))?;
+        if program.fd().is_err() {
+            program.load().map_err(BpfError::Verify)?;
+        }
+        Ok(program)
     }
 
     fn program_mut(&mut self) -> &mut SchedClassifier {

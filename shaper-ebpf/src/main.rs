@@ -54,6 +54,13 @@ pub fn shaper_egress(ctx: TcContext) -> i32 {
     try_egress(&ctx).unwrap_or(TC_ACT_OK)
 }
 
+/// Does nothing: the baseline that `cargo xtask bench` measures the datapath against (the
+/// cost of `BPF_PROG_TEST_RUN` and of a tc program run as such). Never attached.
+#[classifier]
+pub fn shaper_pass(_ctx: TcContext) -> i32 {
+    TC_ACT_OK
+}
+
 fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     let skb = ctx.skb.skb;
     // SAFETY: the context pointer is valid for the whole program run.

@@ -9,6 +9,8 @@ use std::{
     process::{Command, Output},
 };
 
+pub mod gateway;
+
 use aya::programs::{TestRun, TestRunOptions};
 use shaper::bpf::Datapath;
 

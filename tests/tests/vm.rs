@@ -5,168 +5,18 @@
 //! lacks `sch_fq`, so departure times would not be enforced there). Needs root.
 
 use std::{
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Child,
     thread::sleep,
     time::{Duration, Instant},
 };
 
-use serde_json::Value;
-use shaper_tests::{require_root, sh, veth, Netns};
+use shaper_tests::{
+    gateway::{receiver_intervals, require_fq, wire_rate, Topology, WIRE_PER_GOODPUT},
+    sh, veth, Netns,
+};
 
-/// Wire bytes per goodput byte for full-size TCP segments with timestamps on Ethernet:
-/// 1448 bytes of payload travel in a 1514-byte frame.
-const WIRE_PER_GOODPUT: f64 = 1514.0 / 1448.0;
-
-fn require_fq() {
-    require_root();
-    let ok = Command::new("modprobe").arg("sch_fq").status().is_ok_and(|s| s.success())
-        || std::fs::read_to_string("/proc/net/psched").is_ok() && Path::new("/sys/module/sch_fq").exists();
-    assert!(ok, "the VM tests need a kernel with sch_fq; run them with `cargo xtask test`, which boots one");
-}
-
-/// The gateway topology: lan (clients) — gw (shaperd on wan0 egress) — srv (iperf3 servers).
-struct Topology {
-    lan: Netns,
-    gw: Netns,
-    srv: Netns,
-    dir: PathBuf,
-}
-
-const SERVER: &str = "10.2.0.2";
-
-impl Topology {
-    fn new(tag: &str, client_addrs: &[&str]) -> Self {
-        let lan = Netns::new(&format!("{tag}-lan"));
-        let gw = Netns::new(&format!("{tag}-gw"));
-        let srv = Netns::new(&format!("{tag}-srv"));
-        let cidrs: Vec<String> = client_addrs.iter().map(|a| format!("{a}/24")).collect();
-        let cidrs: Vec<&str> = cidrs.iter().map(String::as_str).collect();
-        veth(&lan, "eth0", &cidrs, &gw, "lan0", &["10.1.0.1/24"]);
-        veth(&gw, "wan0", &["10.2.0.1/24"], &srv, "eth0", &["10.2.0.2/24"]);
-        lan.sh(&["ip", "route", "add", "default", "via", "10.1.0.1"]);
-        srv.sh(&["ip", "route", "add", "10.1.0.0/24", "via", "10.2.0.1"]);
-        gw.sh(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
-        let dir = std::env::temp_dir().join(tag);
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self { lan, gw, srv, dir }
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.join("shaper.sock")
-    }
-
-    /// Starts shaperd in the gateway namespace with `config` and waits until it answers.
-    fn shaperd(&self, config: &str) -> Daemon {
-        let path = self.dir.join("shaper.toml");
-        std::fs::write(&path, config).unwrap();
-        let log = std::fs::File::create(self.dir.join("shaperd.log")).unwrap();
-        let child = self
-            .gw
-            .command(shaper_tests::bin("shaperd").to_str().unwrap())
-            .args(["--config", path.to_str().unwrap(), "--socket", self.socket().to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let daemon = Daemon { child, log: self.dir.join("shaperd.log") };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if self.ctl(&["status", "--json"]).status.success() {
-                return daemon;
-            }
-            sleep(Duration::from_millis(200));
-        }
-        let status = self.ctl(&["status", "--json"]);
-        panic!(
-            "shaperd did not come up: log: {}\nshaperctl: {}",
-            std::fs::read_to_string(&daemon.log).unwrap_or_default(),
-            String::from_utf8_lossy(&status.stderr)
-        );
-    }
-
-    fn ctl(&self, args: &[&str]) -> std::process::Output {
-        Command::new(shaper_tests::bin("shaperctl")).arg("--socket").arg(self.socket()).args(args).output().unwrap()
-    }
-
-    fn status(&self) -> Value {
-        let out = self.ctl(&["status", "--json"]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    /// Starts an iperf3 server on `port` in the server namespace.
-    fn iperf_server(&self, port: u16) -> Child {
-        let c = self.srv.command("iperf3").args(["-s", "-1", "-J", "-p", &port.to_string()]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-        sleep(Duration::from_millis(300));
-        c
-    }
-
-    /// Starts a TCP iperf3 client from `src` to the server's `port`, JSON output with the
-    /// receiver's per-interval figures.
-    fn iperf_client(&self, src: &str, port: u16, seconds: u32, interval: &str) -> Child {
-        self.lan
-            .command("iperf3")
-            .args(["-c", SERVER, "-B", src, "-p", &port.to_string(), "-t", &seconds.to_string(), "-i", interval, "-J", "--get-server-output"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    }
-}
-
-/// shaperd, stopped with SIGTERM on drop.
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn stop(&mut self) -> String {
-        // SAFETY: plain kill(2) on our child's pid.
-        unsafe { libc::kill(i32::try_from(self.child.id()).unwrap(), libc::SIGTERM) };
-        let status = self.child.wait().unwrap();
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        assert!(status.success(), "shaperd exited with {status}: {log}");
-        log
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            // SAFETY: as in stop().
-            unsafe { libc::kill(i32::try_from(self.child.id()).unwrap(), libc::SIGTERM) };
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// The receiver's intervals of one iperf3 run: (start s, end s, goodput bit/s).
-fn receiver_intervals(client: Child) -> Vec<(f64, f64, f64)> {
-    let out = client.wait_with_output().unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("iperf3 JSON: {e}: {}", String::from_utf8_lossy(&out.stdout)));
-    assert!(v.get("error").is_none(), "iperf3: {}", v["error"]);
-    let server = &v["server_output_json"];
-    server["intervals"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no server intervals in {v}"))
-        .iter()
-        .map(|i| {
-            let s = &i["sum"];
-            (s["start"].as_f64().unwrap(), s["end"].as_f64().unwrap(), s["bits_per_second"].as_f64().unwrap())
-        })
-        .collect()
-}
-
-/// Mean wire rate (bit/s) over the intervals within [from, to) seconds.
-fn wire_rate(intervals: &[(f64, f64, f64)], from: f64, to: f64) -> f64 {
-    let sel: Vec<_> = intervals.iter().filter(|i| i.0 >= from - 1e-6 && i.1 <= to + 0.05).collect();
-    assert!(!sel.is_empty(), "no intervals in [{from}, {to})");
-    let bits: f64 = sel.iter().map(|i| i.2 * (i.1 - i.0)).sum();
-    let secs: f64 = sel.iter().map(|i| i.1 - i.0).sum();
-    bits / secs * WIRE_PER_GOODPUT
+fn topology(tag: &str, clients: &[&str]) -> Topology {
+    Topology::new(tag, "lan0", "wan0", "10.1.0", clients)
 }
 
 const STATIC_CONFIG: &str = r#"
@@ -216,7 +66,7 @@ src = "10.1.0.50"
 #[test]
 fn static_classes_are_paced_within_two_percent() {
     require_fq();
-    let topo = Topology::new("shaper-vm-static", &["10.1.0.2", "10.1.0.3", "10.1.0.5", "10.1.0.50"]);
+    let topo = topology("shaper-vm-static", &["10.1.0.2", "10.1.0.3", "10.1.0.5", "10.1.0.50"]);
     let mut daemon = topo.shaperd(STATIC_CONFIG);
     let qdisc = topo.gw.sh(&["tc", "qdisc", "show", "dev", "wan0"]);
     assert!(String::from_utf8_lossy(&qdisc.stdout).contains("qdisc fq"), "shaperd installs fq: {}", String::from_utf8_lossy(&qdisc.stdout));
@@ -258,7 +108,7 @@ fn static_classes_are_paced_within_two_percent() {
 #[test]
 fn set_rate_changes_the_measured_rate_within_a_second() {
     require_fq();
-    let topo = Topology::new("shaper-vm-setrate", &["10.1.0.2"]);
+    let topo = topology("shaper-vm-setrate", &["10.1.0.2"]);
     let _daemon = topo.shaperd(STATIC_CONFIG);
     let server = topo.iperf_server(5301);
     let started = Instant::now();
@@ -274,15 +124,15 @@ fn set_rate_changes_the_measured_rate_within_a_second() {
     let after = wire_rate(&intervals, changed_at + 1.0, 10.0);
     println!("set-rate c2 2mbit → 4mbit at {changed_at:.2} s: before {:.3} mbit/s, after {:.3} mbit/s", before / 1e6, after / 1e6);
     for i in &intervals {
-        println!("  [{:5.2}, {:5.2}) {:.3} mbit/s", i.0, i.1, i.2 * WIRE_PER_GOODPUT / 1e6);
+        println!("  [{:5.2}, {:5.2}) {:.3} mbit/s", i.start, i.end, i.bits_per_second * WIRE_PER_GOODPUT / 1e6);
     }
     assert!((before / 2e6 - 1.0).abs() < 0.03, "before: {before}");
     assert!((after / 4e6 - 1.0).abs() < 0.03, "from 1 s after the change on: {after}");
     // The first half-second interval that starts a second after the change already runs at
     // the new rate.
-    let first = intervals.iter().find(|i| i.0 >= changed_at + 1.0 - 1e-6).expect("an interval after the change");
-    let r = first.2 * WIRE_PER_GOODPUT;
-    assert!((r / 4e6 - 1.0).abs() < 0.1, "interval [{}, {}) runs at {r}, not 4 mbit/s", first.0, first.1);
+    let first = intervals.iter().find(|i| i.start >= changed_at + 1.0 - 1e-6).expect("an interval after the change");
+    let r = first.bits_per_second * WIRE_PER_GOODPUT;
+    assert!((r / 4e6 - 1.0).abs() < 0.1, "interval [{}, {}) runs at {r}, not 4 mbit/s", first.start, first.end);
 
     let status = topo.status();
     let c2 = status["classes"].as_array().unwrap().iter().find(|c| c["name"] == "c2").unwrap();
