@@ -60,7 +60,14 @@ fn main() -> Result<()> {
     // The outer build's settings are for the host target; none of them apply here.
     for (key, _) in env::vars_os() {
         let key = key.to_string_lossy().into_owned();
-        if (key.starts_with("CARGO_") && key != "CARGO_HOME") || key.starts_with("RUSTC_WRAPPER") || key == "RUSTFLAGS" || key == "RUSTDOC" || (key == "RUSTC" && toolchain == Toolchain::Nightly) {
+        if (key.starts_with("CARGO_") && key != "CARGO_HOME")
+            || key.starts_with("RUSTC_WRAPPER")
+            || key == "RUSTC_WORKSPACE_WRAPPER"
+            || key.starts_with("CLIPPY_")
+            || key == "RUSTFLAGS"
+            || key == "RUSTDOC"
+            || (key == "RUSTC" && toolchain == Toolchain::Nightly)
+        {
             cmd.env_remove(&key);
         }
     }
@@ -81,8 +88,7 @@ fn main() -> Result<()> {
         bail!("building shaper-ebpf failed ({status}); command: {cmd:?}");
     }
     let object = target_dir.join(TARGET).join("release").join("shaper");
-    std::fs::copy(&object, out.join("shaper.bpf.o"))
-        .with_context(|| format!("copying {}", object.display()))?;
+    std::fs::copy(&object, out.join("shaper.bpf.o")).with_context(|| format!("copying {}", object.display()))?;
     Ok(())
 }
 
@@ -105,7 +111,11 @@ fn debian_ready() -> Result<(), String> {
     if !Path::new("/usr/lib/rustlib/bpfel-unknown-none").is_dir() {
         missing.push("Debian's core library for bpfel-unknown-none (package libstd-rust-web-dev-bpf)");
     }
-    if missing.is_empty() { Ok(()) } else { Err(missing.join(", ")) }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(missing.join(", "))
+    }
 }
 
 fn nightly_ready() -> Result<(), String> {

@@ -4,6 +4,8 @@
 //! and a compile-time size assertion, so that the kernel side and the userspace side agree
 //! byte for byte. The `user` feature adds `aya::Pod` implementations.
 #![no_std]
+// Padding fields are public so both sides can build the structs with literals.
+#![allow(clippy::pub_underscore_fields)]
 
 /// Most classes across all interfaces. Class ids index the class arrays directly.
 pub const MAX_CLASSES: u32 = 1024;
@@ -132,7 +134,7 @@ pub struct ClassConfig {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClassState {
-    /// Earliest departure time (CLOCK_MONOTONIC ns) of the class's next packet.
+    /// Earliest departure time (`CLOCK_MONOTONIC` ns) of the class's next packet.
     pub next_ns: u64,
 }
 
@@ -158,7 +160,7 @@ pub struct ClassStats {
 impl ClassStats {
     /// Sums per-CPU values.
     #[must_use]
-    pub fn add(mut self, o: &Self) -> Self {
+    pub fn merge(mut self, o: &Self) -> Self {
         self.bytes += o.bytes;
         self.packets += o.packets;
         self.drop_horizon_bytes += o.drop_horizon_bytes;

@@ -186,7 +186,8 @@ impl Server {
             }
             let _ = std::fs::remove_file(path);
         }
-        let listener = UnixListener::bind(path).map_err(|source| SocketError::Bind { path: path.to_owned(), source })?;
+        let listener =
+            UnixListener::bind(path).map_err(|source| SocketError::Bind { path: path.to_owned(), source })?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
             .map_err(|source| SocketError::Bind { path: path.to_owned(), source })?;
         Ok(Self { listener, path: path.to_owned() })
@@ -270,7 +271,8 @@ pub struct Client {
 
 impl Client {
     pub async fn connect(path: &Path) -> Result<Self, SocketError> {
-        let stream = UnixStream::connect(path).await.map_err(|source| SocketError::Connect { path: path.to_owned(), source })?;
+        let stream =
+            UnixStream::connect(path).await.map_err(|source| SocketError::Connect { path: path.to_owned(), source })?;
         Ok(Self { stream: BufReader::new(stream), path: path.to_owned() })
     }
 
@@ -283,7 +285,11 @@ impl Client {
         let mut reply = String::new();
         let io = |source| SocketError::Io { path: self.path.clone(), source };
         self.stream.read_line(&mut reply).await.map_err(io)?;
-        serde_json::from_str(&reply).map_err(|source| SocketError::BadReply { path: self.path.clone(), line: reply.trim_end().to_owned(), source })
+        serde_json::from_str(&reply).map_err(|source| SocketError::BadReply {
+            path: self.path.clone(),
+            line: reply.trim_end().to_owned(),
+            source,
+        })
     }
 }
 
@@ -343,7 +349,10 @@ mod tests {
         let mut client = Client::connect(&path).await.unwrap();
         assert_eq!(client.call(&Request::Status {}).await.unwrap(), Ok(Response::Status(Status::default())));
         let set = Request::SetRate { class: "a".into(), rate: Rate::from_bits_per_sec(8) };
-        assert_eq!(client.call(&set).await.unwrap(), Ok(Response::Applied { class: "a".into(), rate: Rate::from_bits_per_sec(8) }));
+        assert_eq!(
+            client.call(&set).await.unwrap(),
+            Ok(Response::Applied { class: "a".into(), rate: Rate::from_bits_per_sec(8) })
+        );
 
         let mut raw = UnixStream::connect(&path).await.unwrap();
         raw.write_all(b"{not json}\n").await.unwrap();

@@ -15,8 +15,8 @@ use aya::{
     Ebpf, EbpfError, EbpfLoader,
 };
 use shaper_common::{
-    maps, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple,
-    MAX_CLASSES, PASS_PROGRAM_NAME, PROGRAM_NAME,
+    maps, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple, MAX_CLASSES,
+    PASS_PROGRAM_NAME, PROGRAM_NAME,
 };
 
 use crate::rules::Compiled;
@@ -74,7 +74,7 @@ fn map_err(name: &'static str, action: impl Into<String>) -> impl FnOnce(MapErro
 pub enum AttachMode {
     /// A TCX link (kernel 6.6 and later).
     Tcx,
-    /// A cls_bpf filter under the clsact qdisc (older kernels).
+    /// A `cls_bpf` filter under the clsact qdisc (older kernels).
     Clsact,
 }
 
@@ -129,10 +129,7 @@ impl Datapath {
     /// The loaded program (for `BPF_PROG_TEST_RUN`).
     #[must_use]
     pub fn program(&self) -> &SchedClassifier {
-        self.ebpf
-            .program(PROGRAM_NAME)
-            .and_then(|p| <&SchedClassifier>::try_from(p).ok())
-            .expect("checked in load()")
+        self.ebpf.program(PROGRAM_NAME).and_then(|p| <&SchedClassifier>::try_from(p).ok()).expect("checked in load()")
     }
 
     /// Loads (once) and returns the program that does nothing, for benchmarks.
@@ -256,11 +253,9 @@ impl Datapath {
 
     /// A class's counters, summed over CPUs.
     pub fn class_stats(&self, class: u32) -> Result<ClassStats, BpfError> {
-        let per_cpu = self
-            .class_stats
-            .get(&class, 0)
-            .map_err(map_err(maps::CLASS_STATS, format!("reading class {class}")))?;
-        Ok(per_cpu.iter().fold(ClassStats::default(), |acc, s| acc.add(s)))
+        let per_cpu =
+            self.class_stats.get(&class, 0).map_err(map_err(maps::CLASS_STATS, format!("reading class {class}")))?;
+        Ok(per_cpu.iter().fold(ClassStats::default(), ClassStats::merge))
     }
 
     /// Every class's counters.

@@ -84,8 +84,7 @@ pub const DEFAULT_HORIZON: Duration = Duration::from_millis(200);
 /// Valid values of `daemon.tick`.
 pub const TICK_RANGE: RangeInclusive<Duration> = Duration::from_millis(1)..=Duration::from_secs(1);
 /// Valid values of a class's `horizon`.
-pub const HORIZON_RANGE: RangeInclusive<Duration> =
-    Duration::from_millis(1)..=Duration::from_secs(10);
+pub const HORIZON_RANGE: RangeInclusive<Duration> = Duration::from_millis(1)..=Duration::from_secs(10);
 /// Valid values of an interface's `overhead`, in bytes.
 pub const OVERHEAD_RANGE: RangeInclusive<i32> = -64..=256;
 /// Highest class `prio` (HTB's 8 priorities, 0 served first).
@@ -127,10 +126,7 @@ pub struct DaemonSettings {
 
 impl Default for DaemonSettings {
     fn default() -> DaemonSettings {
-        DaemonSettings {
-            socket: None,
-            tick: DEFAULT_TICK,
-        }
+        DaemonSettings { socket: None, tick: DEFAULT_TICK }
     }
 }
 
@@ -280,9 +276,9 @@ impl ConfigError {
     #[must_use]
     pub fn path(&self) -> &Path {
         match self {
-            ConfigError::Read { path, .. }
-            | ConfigError::Syntax { path, .. }
-            | ConfigError::Invalid { path, .. } => path,
+            ConfigError::Read { path, .. } | ConfigError::Syntax { path, .. } | ConfigError::Invalid { path, .. } => {
+                path
+            }
         }
     }
 
@@ -321,10 +317,8 @@ impl fmt::Display for KeyPrefix<'_> {
 impl Config {
     /// Reads, parses and validates the configuration file at `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
         Config::parse(&text, path)
     }
 
@@ -332,10 +326,7 @@ impl Config {
     /// errors and is kept in [`Config::path`].
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| syntax_error(text, path, e))?;
-        let validator = Validator {
-            path,
-            lines: LineIndex::new(text),
-        };
+        let validator = Validator { path, lines: LineIndex::new(text) };
         validator.validate(&raw)
     }
 
@@ -360,21 +351,13 @@ impl Config {
 
     /// The child classes of class `name`, in file order.
     pub fn children<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Class> + 'a {
-        self.classes
-            .iter()
-            .filter(move |c| c.parent.as_deref() == Some(name))
+        self.classes.iter().filter(move |c| c.parent.as_deref() == Some(name))
     }
 
     /// The leaf classes, in file order.
     pub fn leaves(&self) -> impl Iterator<Item = &Class> + '_ {
-        let parents: HashSet<&str> = self
-            .classes
-            .iter()
-            .filter_map(|c| c.parent.as_deref())
-            .collect();
-        self.classes
-            .iter()
-            .filter(move |c| !parents.contains(c.name.as_str()))
+        let parents: HashSet<&str> = self.classes.iter().filter_map(|c| c.parent.as_deref()).collect();
+        self.classes.iter().filter(move |c| !parents.contains(c.name.as_str()))
     }
 }
 
@@ -474,9 +457,9 @@ impl<'de> Deserialize<'de> for Integer {
             }
 
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Integer, E> {
-                i64::try_from(v).map(Integer).map_err(|source| {
-                    E::custom(format_args!("integer {v} is too large ({source})"))
-                })
+                i64::try_from(v)
+                    .map(Integer)
+                    .map_err(|source| E::custom(format_args!("integer {v} is too large ({source})")))
             }
         }
 
@@ -528,9 +511,7 @@ struct LineIndex {
 
 impl LineIndex {
     fn new(text: &str) -> LineIndex {
-        let starts = std::iter::once(0)
-            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
-            .collect();
+        let starts = std::iter::once(0).chain(text.match_indices('\n').map(|(i, _)| i + 1)).collect();
         LineIndex { starts }
     }
 
@@ -543,9 +524,7 @@ impl LineIndex {
     fn line_column(&self, text: &str, offset: usize) -> (usize, usize) {
         let line = self.line(offset);
         let start = self.starts[line - 1];
-        let column = text
-            .get(start..offset)
-            .map_or(offset - start, |s| s.chars().count());
+        let column = text.get(start..offset).map_or(offset - start, |s| s.chars().count());
         (line, column + 1)
     }
 }
@@ -558,20 +537,10 @@ fn syntax_error(text: &str, path: &Path, error: toml::de::Error) -> ConfigError 
     let mut message = error.message().trim_end().to_owned();
     if let Some(key @ ("interface" | "class" | "rule")) = key.as_deref() {
         if message.starts_with("invalid type: map") {
-            let _ = write!(
-                message,
-                "; write [[{key}]] (one table per {key}, in an array), not [{key}]"
-            );
+            let _ = write!(message, "; write [[{key}]] (one table per {key}, in an array), not [{key}]");
         }
     }
-    ConfigError::Syntax {
-        path: path.to_owned(),
-        line,
-        column,
-        key,
-        message,
-        source: Box::new(error),
-    }
+    ConfigError::Syntax { path: path.to_owned(), line, column, key, message, source: Box::new(error) }
 }
 
 /// The key path (`class[1].prio`) of the value at byte `offset`, found in the document's
@@ -639,18 +608,12 @@ struct Problem {
 
 impl Problem {
     fn new(text: impl Into<String>) -> Problem {
-        Problem {
-            text: text.into(),
-            source: None,
-        }
+        Problem { text: text.into(), source: None }
     }
 
     /// A problem whose message is `source`'s, itself kept as the source.
     fn from_error(source: impl StdError + Send + Sync + 'static) -> Problem {
-        Problem {
-            text: source.to_string(),
-            source: Some(Box::new(source)),
-        }
+        Problem { text: source.to_string(), source: Some(Box::new(source)) }
     }
 
     fn with_source(mut self, source: impl StdError + Send + Sync + 'static) -> Problem {
@@ -698,12 +661,7 @@ fn parse_duration(s: &str) -> Result<Duration, ParseDurationError> {
         "us" | "µs" => 3,
         "ms" => 6,
         "s" => 9,
-        unit => {
-            return Err(ParseDurationError::UnknownUnit {
-                input: s.to_owned(),
-                unit: unit.to_owned(),
-            })
-        }
+        unit => return Err(ParseDurationError::UnknownUnit { input: s.to_owned(), unit: unit.to_owned() }),
     };
     match number.scale(pow10, 0) {
         Ok(nanos) => Ok(Duration::from_nanos(nanos)),
@@ -723,8 +681,8 @@ fn duration_in(
         Scalar::Str(text) => text,
         Scalar::Int(n) => {
             return Err(Problem::new(format!(
-            "{what} {n} has no unit; write it as a string with a unit, e.g. {what} = \"{example}\""
-        )))
+                "{what} {n} has no unit; write it as a string with a unit, e.g. {what} = \"{example}\""
+            )))
         }
     };
     let duration = parse_duration(text).map_err(Problem::from_error)?;
@@ -743,7 +701,7 @@ fn duration_in(
 fn fmt_duration(d: Duration) -> String {
     let nanos = d.as_nanos();
     for (unit, scale) in [("s", 1_000_000_000), ("ms", 1_000_000), ("us", 1_000)] {
-        if nanos % scale == 0 {
+        if nanos.is_multiple_of(scale) {
             return format!("{}{unit}", nanos / scale);
         }
     }
@@ -756,10 +714,7 @@ fn parse_rate(value: &Scalar) -> Result<Rate, Problem> {
         Scalar::Str(text) => text.parse().map_err(Problem::from_error),
         Scalar::Int(n) => u64::try_from(*n)
             .map(Rate::from_bits_per_sec)
-            .map_err(|source| {
-                Problem::new(format!("negative rate {n}; expected e.g. \"10mbit\""))
-                    .with_source(source)
-            }),
+            .map_err(|source| Problem::new(format!("negative rate {n}; expected e.g. \"10mbit\"")).with_source(source)),
     }
 }
 
@@ -799,9 +754,7 @@ fn check_class_name(name: &str) -> Result<(), Problem> {
     let valid = !name.is_empty()
         && name.len() <= MAX_CLASS_NAME_LEN
         && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
     if valid {
         Ok(())
     } else {
@@ -817,12 +770,7 @@ fn list<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
     if names.is_empty() {
         return "none".to_owned();
     }
-    let mut out = names
-        .iter()
-        .take(NAMES_LISTED)
-        .copied()
-        .collect::<Vec<_>>()
-        .join(", ");
+    let mut out = names.iter().take(NAMES_LISTED).copied().collect::<Vec<_>>().join(", ");
     if names.len() > NAMES_LISTED {
         let _ = write!(out, " and {} more", names.len() - NAMES_LISTED);
     }
@@ -831,10 +779,7 @@ fn list<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
 
 /// A sum of rates for messages: a rate's spelling, or plain bits beyond `u64`.
 fn fmt_sum(bits: u128) -> String {
-    u64::try_from(bits).map_or_else(
-        |_| format!("{bits}bit"),
-        |bits| Rate::from_bits_per_sec(bits).to_string(),
-    )
+    u64::try_from(bits).map_or_else(|_| format!("{bits}bit"), |bits| Rate::from_bits_per_sec(bits).to_string())
 }
 
 /// IP protocols known by name.
@@ -868,26 +813,17 @@ fn parse_proto(value: &Scalar) -> Result<u8, Problem> {
     let names = || list(PROTOCOLS.iter().map(|&(name, _)| name));
     match value {
         Scalar::Int(n) => u8::try_from(*n).map_err(|source| {
-            Problem::new(format!(
-                "protocol number {n} is out of range; expected 0..=255 or a name: {}",
-                names()
-            ))
-            .with_source(source)
+            Problem::new(format!("protocol number {n} is out of range; expected 0..=255 or a name: {}", names()))
+                .with_source(source)
         }),
         Scalar::Str(text) => {
             let text = text.trim();
-            if let Some(&(_, number)) = PROTOCOLS
-                .iter()
-                .find(|(name, _)| name.eq_ignore_ascii_case(text))
-            {
+            if let Some(&(_, number)) = PROTOCOLS.iter().find(|(name, _)| name.eq_ignore_ascii_case(text)) {
                 return Ok(number);
             }
             text.parse::<u8>().map_err(|source| {
-                Problem::new(format!(
-                    "unknown protocol {text:?}; expected a number 0..=255 or one of {}",
-                    names()
-                ))
-                .with_source(source)
+                Problem::new(format!("unknown protocol {text:?}; expected a number 0..=255 or one of {}", names()))
+                    .with_source(source)
             })
         }
     }
@@ -895,10 +831,7 @@ fn parse_proto(value: &Scalar) -> Result<u8, Problem> {
 
 /// The name of protocol `number`, for messages.
 fn proto_name(number: u8) -> String {
-    PROTOCOLS
-        .iter()
-        .find(|&&(_, n)| n == number)
-        .map_or_else(|| number.to_string(), |&(name, _)| name.to_owned())
+    PROTOCOLS.iter().find(|&&(_, n)| n == number).map_or_else(|| number.to_string(), |&(name, _)| name.to_owned())
 }
 
 /// DSCP names: class selectors, assured forwarding, expedited forwarding, lower effort.
@@ -920,8 +853,7 @@ fn dscp_by_name(name: &str) -> Option<u8> {
         };
         let class = u8::try_from(class.to_digit(10)?).ok()?;
         let drop = u8::try_from(drop.to_digit(10)?).ok()?;
-        return ((1..=4).contains(&class) && (1..=3).contains(&drop))
-            .then_some(class * 8 + drop * 2);
+        return ((1..=4).contains(&class) && (1..=3).contains(&drop)).then_some(class * 8 + drop * 2);
     }
     None
 }
@@ -937,19 +869,13 @@ fn parse_dscp(value: &Scalar) -> Result<u8, Problem> {
             }
             match text.trim().parse::<i64>() {
                 Ok(n) => n,
-                Err(source) => {
-                    return Err(
-                        Problem::new(format!("unknown DSCP {text:?}; {valid}")).with_source(source)
-                    )
-                }
+                Err(source) => return Err(Problem::new(format!("unknown DSCP {text:?}; {valid}")).with_source(source)),
             }
         }
     };
     match u8::try_from(number) {
         Ok(dscp @ 0..=63) => Ok(dscp),
-        _ => Err(Problem::new(format!(
-            "DSCP {number} is out of range; {valid}"
-        ))),
+        _ => Err(Problem::new(format!("DSCP {number} is out of range; {valid}"))),
     }
 }
 
@@ -966,9 +892,7 @@ fn parse_port_text(text: &str, whole: &str) -> Result<u16, Problem> {
     }
     let out_of_range = || format!("port {text} is out of range; ports are 0..=65535");
     match text.parse::<u64>() {
-        Ok(n) => {
-            u16::try_from(n).map_err(|source| Problem::new(out_of_range()).with_source(source))
-        }
+        Ok(n) => u16::try_from(n).map_err(|source| Problem::new(out_of_range()).with_source(source)),
         Err(source) => Err(Problem::new(out_of_range()).with_source(source)),
     }
 }
@@ -976,15 +900,9 @@ fn parse_port_text(text: &str, whole: &str) -> Result<u16, Problem> {
 /// A port or an inclusive port range.
 fn parse_ports(value: &Scalar) -> Result<PortRange, Problem> {
     match value {
-        Scalar::Int(n) => u16::try_from(*n)
-            .map(|port| PortRange {
-                start: port,
-                end: port,
-            })
-            .map_err(|source| {
-                Problem::new(format!("port {n} is out of range; ports are 0..=65535"))
-                    .with_source(source)
-            }),
+        Scalar::Int(n) => u16::try_from(*n).map(|port| PortRange { start: port, end: port }).map_err(|source| {
+            Problem::new(format!("port {n} is out of range; ports are 0..=65535")).with_source(source)
+        }),
         Scalar::Str(text) => {
             let (start, end) = if let Some((start, end)) = text.split_once('-') {
                 (parse_port_text(start, text)?, parse_port_text(end, text)?)
@@ -1006,10 +924,8 @@ fn parse_ports(value: &Scalar) -> Result<PortRange, Problem> {
 fn parse_mark(value: &Scalar) -> Result<u32, Problem> {
     match value {
         Scalar::Int(n) => u32::try_from(*n).map_err(|source| {
-            Problem::new(format!(
-                "mark {n} is out of range; expected an integer 0..=4294967295 (0xffffffff)"
-            ))
-            .with_source(source)
+            Problem::new(format!("mark {n} is out of range; expected an integer 0..=4294967295 (0xffffffff)"))
+                .with_source(source)
         }),
         Scalar::Str(text) => Err(Problem::new(format!(
             "mark {text:?} is a string; write the mark as a TOML integer, e.g. mark = 16 or mark = 0x10"
@@ -1023,10 +939,7 @@ fn parse_net(text: &str) -> Result<IpNet, Problem> {
     let examples = "e.g. \"192.168.1.0/24\", \"192.168.1.110\" or \"fd00:1::/64\"";
     if text.contains('/') {
         let net: IpNet = text.parse().map_err(|source| {
-            Problem::new(format!(
-                "{text:?} is not a CIDR network; expected {examples}"
-            ))
-            .with_source(source)
+            Problem::new(format!("{text:?} is not a CIDR network; expected {examples}")).with_source(source)
         })?;
         if net.trunc() != net {
             return Err(Problem::new(format!(
@@ -1038,29 +951,17 @@ fn parse_net(text: &str) -> Result<IpNet, Problem> {
         Ok(net)
     } else {
         text.parse::<IpAddr>().map(IpNet::from).map_err(|source| {
-            Problem::new(format!(
-                "{text:?} is not an IP address or a CIDR network; expected {examples}"
-            ))
-            .with_source(source)
+            Problem::new(format!("{text:?} is not an IP address or a CIDR network; expected {examples}"))
+                .with_source(source)
         })
     }
 }
 
 /// Checks that a rule's `class` names a leaf class.
 fn rule_class(wanted: &str, classes: &[ClassDraft]) -> Result<String, Problem> {
-    let leaves = || {
-        list(
-            classes
-                .iter()
-                .filter(|c| c.children.is_empty())
-                .map(|c| c.name.as_str()),
-        )
-    };
+    let leaves = || list(classes.iter().filter(|c| c.children.is_empty()).map(|c| c.name.as_str()));
     let Some(class) = classes.iter().find(|c| c.name == *wanted) else {
-        return Err(Problem::new(format!(
-            "no class named {wanted:?}; expected a leaf class: {}",
-            leaves()
-        )));
+        return Err(Problem::new(format!("no class named {wanted:?}; expected a leaf class: {}", leaves())));
     };
     if !class.children.is_empty() {
         return Err(Problem::new(format!(
@@ -1119,12 +1020,7 @@ impl Validator<'_> {
         self.lines.line(value.span().start)
     }
 
-    fn error(
-        &self,
-        line: usize,
-        key: impl Into<String>,
-        problem: impl Into<Problem>,
-    ) -> ConfigError {
+    fn error(&self, line: usize, key: impl Into<String>, problem: impl Into<Problem>) -> ConfigError {
         let problem = problem.into();
         ConfigError::Invalid {
             path: self.path.to_owned(),
@@ -1219,9 +1115,7 @@ impl Validator<'_> {
             settings.socket = Some(path);
         }
         if let Some(tick) = &raw.tick {
-            settings.tick = self.check("daemon.tick", tick, |v| {
-                duration_in(v, "tick", &TICK_RANGE, "10ms")
-            })?;
+            settings.tick = self.check("daemon.tick", tick, |v| duration_in(v, "tick", &TICK_RANGE, "10ms"))?;
         }
         Ok(settings)
     }
@@ -1238,10 +1132,7 @@ impl Validator<'_> {
             return Err(self.error(
                 self.line(&raw[MAX_INTERFACES]),
                 format!("interface[{MAX_INTERFACES}]"),
-                format!(
-                    "too many interfaces ({}); at most {MAX_INTERFACES} can be shaped",
-                    raw.len()
-                ),
+                format!("too many interfaces ({}); at most {MAX_INTERFACES} can be shaped", raw.len()),
             ));
         }
         let mut seen: HashMap<String, usize> = HashMap::new();
@@ -1294,16 +1185,13 @@ impl Validator<'_> {
             let overhead = match &iface.overhead {
                 None => 0,
                 Some(overhead) => self.check(&key("overhead"), overhead, |&Integer(n)| {
-                    i32::try_from(n)
-                        .ok()
-                        .filter(|n| OVERHEAD_RANGE.contains(n))
-                        .ok_or_else(|| {
-                            Problem::new(format!(
-                                "overhead {n} is out of range; expected {}..={} bytes",
-                                OVERHEAD_RANGE.start(),
-                                OVERHEAD_RANGE.end()
-                            ))
-                        })
+                    i32::try_from(n).ok().filter(|n| OVERHEAD_RANGE.contains(n)).ok_or_else(|| {
+                        Problem::new(format!(
+                            "overhead {n} is out of range; expected {}..={} bytes",
+                            OVERHEAD_RANGE.start(),
+                            OVERHEAD_RANGE.end()
+                        ))
+                    })
                 })?,
             };
 
@@ -1319,11 +1207,7 @@ impl Validator<'_> {
         Ok(drafts)
     }
 
-    fn classes(
-        &self,
-        raw: &[Spanned<RawClass>],
-        interfaces: &[IfaceDraft],
-    ) -> Result<Vec<ClassDraft>, ConfigError> {
+    fn classes(&self, raw: &[Spanned<RawClass>], interfaces: &[IfaceDraft]) -> Result<Vec<ClassDraft>, ConfigError> {
         if raw.len() > MAX_CLASSES {
             return Err(self.error(
                 self.line(&raw[MAX_CLASSES]),
@@ -1336,18 +1220,11 @@ impl Validator<'_> {
         for (i, spanned) in raw.iter().enumerate() {
             let draft = self.class(i, spanned, interfaces)?;
             if let Some(first) = seen.insert(draft.name.clone(), draft.line) {
-                let name_line = raw[i]
-                    .get_ref()
-                    .name
-                    .as_ref()
-                    .map_or(draft.line, |n| self.line(n));
+                let name_line = raw[i].get_ref().name.as_ref().map_or(draft.line, |n| self.line(n));
                 return Err(self.error(
                     name_line,
                     format!("class[{i}].name"),
-                    format!(
-                        "class {:?} is already defined at line {first}; class names must be unique",
-                        draft.name
-                    ),
+                    format!("class {:?} is already defined at line {first}; class names must be unique", draft.name),
                 ));
             }
             drafts.push(draft);
@@ -1366,12 +1243,8 @@ impl Validator<'_> {
         let class = spanned.get_ref();
         let key = |field: &str| format!("class[{i}].{field}");
 
-        let name = self.required(
-            class.name.as_ref(),
-            &key("name"),
-            line,
-            "give the class a name, e.g. name = \"guest\"",
-        )?;
+        let name =
+            self.required(class.name.as_ref(), &key("name"), line, "give the class a name, e.g. name = \"guest\"")?;
         self.check(&key("name"), name, |n| check_class_name(n))?;
         let name = name.get_ref().clone();
 
@@ -1398,14 +1271,16 @@ impl Validator<'_> {
             }
         };
 
-        let rate = self.required(class.rate.as_ref(), &key("rate"), line, "give the class a guaranteed rate, e.g. rate = \"1mbit\" or rate = \"10%\" (of its parent's rate)")?;
+        let rate = self.required(
+            class.rate.as_ref(),
+            &key("rate"),
+            line,
+            "give the class a guaranteed rate, e.g. rate = \"1mbit\" or rate = \"10%\" (of its parent's rate)",
+        )?;
         let rate_line = self.line(rate);
         let rate_spec = self.check(&key("rate"), rate, parse_rate_spec)?;
         let ceil_spec = match &class.ceil {
-            Some(ceil) => Some((
-                self.check(&key("ceil"), ceil, parse_rate_spec)?,
-                self.line(ceil),
-            )),
+            Some(ceil) => Some((self.check(&key("ceil"), ceil, parse_rate_spec)?, self.line(ceil))),
             None => None,
         };
 
@@ -1421,18 +1296,15 @@ impl Validator<'_> {
             None => None,
             Some(weight) => Some(self.check(&key("weight"), weight, |&Integer(w)| {
                 u32::try_from(w).ok().filter(|&w| w > 0).ok_or_else(|| {
-                    Problem::new(format!(
-                        "weight {w} is invalid; expected a positive integer up to {}",
-                        u32::MAX
-                    ))
+                    Problem::new(format!("weight {w} is invalid; expected a positive integer up to {}", u32::MAX))
                 })
             })?),
         };
         let horizon = match &class.horizon {
             None => DEFAULT_HORIZON,
-            Some(horizon) => self.check(&key("horizon"), horizon, |v| {
-                duration_in(v, "horizon", &HORIZON_RANGE, "2s")
-            })?,
+            Some(horizon) => {
+                self.check(&key("horizon"), horizon, |v| duration_in(v, "horizon", &HORIZON_RANGE, "2s"))?
+            }
         };
 
         Ok(ClassDraft {
@@ -1454,16 +1326,8 @@ impl Validator<'_> {
     }
 
     /// Resolves `parent` names, checks they share the interface and form no cycle.
-    fn link_parents(
-        &self,
-        classes: &mut [ClassDraft],
-        interfaces: &[IfaceDraft],
-    ) -> Result<(), ConfigError> {
-        let index: HashMap<&str, usize> = classes
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.name.as_str(), i))
-            .collect();
+    fn link_parents(&self, classes: &mut [ClassDraft], interfaces: &[IfaceDraft]) -> Result<(), ConfigError> {
+        let index: HashMap<&str, usize> = classes.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect();
         let mut parents = vec![None; classes.len()];
         for (i, class) in classes.iter().enumerate() {
             let Some(parent) = &class.parent_name else {
@@ -1506,26 +1370,17 @@ impl Validator<'_> {
             let mut at = start;
             while let Some(p) = parents[at].filter(|&p| !reaches_root[p]) {
                 if on_chain[p] {
-                    let pos = chain
-                        .iter()
-                        .position(|&c| c == p)
-                        .expect("p is on the chain");
+                    let pos = chain.iter().position(|&c| c == p).expect("p is on the chain");
                     let cycle = &chain[pos..];
                     let first = *cycle.iter().min().expect("a cycle has members");
-                    let from = cycle
-                        .iter()
-                        .position(|&c| c == first)
-                        .expect("first is in the cycle");
+                    let from = cycle.iter().position(|&c| c == first).expect("first is in the cycle");
                     let names: Vec<&str> = cycle[from..]
                         .iter()
                         .chain(&cycle[..from])
                         .chain(std::iter::once(&first))
                         .map(|&c| classes[c].name.as_str())
                         .collect();
-                    let parent = classes[first]
-                        .parent_name
-                        .as_ref()
-                        .expect("a class in a cycle has a parent");
+                    let parent = classes[first].parent_name.as_ref().expect("a class in a cycle has a parent");
                     return Err(self.error(
                         self.line(parent),
                         format!("class[{first}].parent"),
@@ -1555,14 +1410,8 @@ impl Validator<'_> {
 
     /// Resolves rates and ceils from the top of each tree down, checking
     /// `rate <= ceil <= parent's ceil`.
-    fn resolve_rates(
-        &self,
-        classes: &mut [ClassDraft],
-        interfaces: &[IfaceDraft],
-    ) -> Result<(), ConfigError> {
-        let mut order: Vec<usize> = (0..classes.len())
-            .filter(|&i| classes[i].parent.is_none())
-            .collect();
+    fn resolve_rates(&self, classes: &mut [ClassDraft], interfaces: &[IfaceDraft]) -> Result<(), ConfigError> {
+        let mut order: Vec<usize> = (0..classes.len()).filter(|&i| classes[i].parent.is_none()).collect();
         let mut next = 0;
         while next < order.len() {
             order.extend_from_slice(&classes[order[next]].children);
@@ -1572,11 +1421,7 @@ impl Validator<'_> {
             let class = &classes[i];
             let (parent_rate, parent_ceil, parent_desc) = if let Some(p) = class.parent {
                 let parent = &classes[p];
-                (
-                    parent.rate,
-                    parent.ceil,
-                    format!("parent class {:?}", parent.name),
-                )
+                (parent.rate, parent.ceil, format!("parent class {:?}", parent.name))
             } else {
                 let iface = &interfaces[class.interface];
                 (iface.rate, iface.rate, format!("interface {}", iface.name))
@@ -1592,9 +1437,7 @@ impl Validator<'_> {
                 };
                 return Err(self.error(class.rate_line, format!("class[{i}].rate"), problem));
             }
-            let ceil = class
-                .ceil_spec
-                .map_or(parent_ceil, |(spec, _)| spec.resolve(parent_ceil));
+            let ceil = class.ceil_spec.map_or(parent_ceil, |(spec, _)| spec.resolve(parent_ceil));
             match class.ceil_spec {
                 Some((_, ceil_line)) if ceil < rate => {
                     return Err(self.error(
@@ -1626,26 +1469,14 @@ impl Validator<'_> {
     }
 
     /// Checks that the guaranteed rates of each node's children fit in the node's rate.
-    fn check_sums(
-        &self,
-        classes: &[ClassDraft],
-        interfaces: &[IfaceDraft],
-    ) -> Result<(), ConfigError> {
-        let nodes = (0..interfaces.len())
-            .map(Node::Interface)
-            .chain((0..classes.len()).map(Node::Class));
+    fn check_sums(&self, classes: &[ClassDraft], interfaces: &[IfaceDraft]) -> Result<(), ConfigError> {
+        let nodes = (0..interfaces.len()).map(Node::Interface).chain((0..classes.len()).map(Node::Class));
         for node in nodes {
             let children: Vec<&ClassDraft> = match node {
-                Node::Interface(n) => classes
-                    .iter()
-                    .filter(|c| c.parent.is_none() && c.interface == n)
-                    .collect(),
+                Node::Interface(n) => classes.iter().filter(|c| c.parent.is_none() && c.interface == n).collect(),
                 Node::Class(n) => classes[n].children.iter().map(|&c| &classes[c]).collect(),
             };
-            let sum: u128 = children
-                .iter()
-                .map(|c| u128::from(c.rate.bits_per_sec()))
-                .sum();
+            let sum: u128 = children.iter().map(|c| u128::from(c.rate.bits_per_sec())).sum();
             let (rate, line, key, whose) = match node {
                 Node::Interface(n) => {
                     let iface = &interfaces[n];
@@ -1667,10 +1498,7 @@ impl Validator<'_> {
                 }
             };
             if sum > u128::from(rate.bits_per_sec()) {
-                let terms: Vec<String> = children
-                    .iter()
-                    .map(|c| format!("{} {}", c.name, c.rate))
-                    .collect();
+                let terms: Vec<String> = children.iter().map(|c| format!("{} {}", c.name, c.rate)).collect();
                 return Err(self.error(
                     line,
                     key,
@@ -1686,21 +1514,11 @@ impl Validator<'_> {
     }
 
     /// Checks that each interface's `default` is one of its leaf classes.
-    fn check_defaults(
-        &self,
-        classes: &[ClassDraft],
-        interfaces: &[IfaceDraft],
-    ) -> Result<(), ConfigError> {
+    fn check_defaults(&self, classes: &[ClassDraft], interfaces: &[IfaceDraft]) -> Result<(), ConfigError> {
         for (n, iface) in interfaces.iter().enumerate() {
             let default = &iface.default;
-            let leaves = || {
-                list(
-                    classes
-                        .iter()
-                        .filter(|c| c.interface == n && c.children.is_empty())
-                        .map(|c| c.name.as_str()),
-                )
-            };
+            let leaves =
+                || list(classes.iter().filter(|c| c.interface == n && c.children.is_empty()).map(|c| c.name.as_str()));
             self.check(&format!("interface[{n}].default"), default, |wanted| {
                 let Some(class) = classes.iter().find(|c| c.name == *wanted) else {
                     return Err(Problem::new(format!(
@@ -1712,7 +1530,10 @@ impl Validator<'_> {
                 if class.interface != n {
                     return Err(Problem::new(format!(
                         "class {wanted:?} is on interface {}, not {}; expected a leaf class of {}: {}",
-                        interfaces[class.interface].name, iface.name, iface.name, leaves()
+                        interfaces[class.interface].name,
+                        iface.name,
+                        iface.name,
+                        leaves()
                     )));
                 }
                 if !class.children.is_empty() {
@@ -1728,23 +1549,11 @@ impl Validator<'_> {
         Ok(())
     }
 
-    fn rules(
-        &self,
-        raw: &[Spanned<RawRule>],
-        classes: &[ClassDraft],
-    ) -> Result<Vec<Rule>, ConfigError> {
-        raw.iter()
-            .enumerate()
-            .map(|(i, rule)| self.rule(i, rule, classes))
-            .collect()
+    fn rules(&self, raw: &[Spanned<RawRule>], classes: &[ClassDraft]) -> Result<Vec<Rule>, ConfigError> {
+        raw.iter().enumerate().map(|(i, rule)| self.rule(i, rule, classes)).collect()
     }
 
-    fn rule(
-        &self,
-        index: usize,
-        spanned: &Spanned<RawRule>,
-        classes: &[ClassDraft],
-    ) -> Result<Rule, ConfigError> {
+    fn rule(&self, index: usize, spanned: &Spanned<RawRule>, classes: &[ClassDraft]) -> Result<Rule, ConfigError> {
         let line = self.line(spanned);
         let raw = spanned.get_ref();
         let key = |field: &str| format!("rule[{index}].{field}");
@@ -1757,10 +1566,7 @@ impl Validator<'_> {
         let class = self.check(&key("class"), class, |wanted| rule_class(wanted, classes))?;
 
         let net = |field: &str, value: &Option<Spanned<String>>| {
-            value
-                .as_ref()
-                .map(|v| self.check(&key(field), v, |text| parse_net(text)))
-                .transpose()
+            value.as_ref().map(|v| self.check(&key(field), v, |text| parse_net(text))).transpose()
         };
         let src = net("src", &raw.src)?;
         let dst = net("dst", &raw.dst)?;
@@ -1774,38 +1580,21 @@ impl Validator<'_> {
             }
         }
 
-        let proto = raw
-            .proto
-            .as_ref()
-            .map(|v| self.check(&key("proto"), v, parse_proto))
-            .transpose()?;
-        if let (Some(proto @ (PROTO_ICMP | PROTO_ICMPV6)), Some(proto_value)) = (proto, &raw.proto)
-        {
-            let wrong_family = src
-                .or(dst)
-                .filter(|net| matches!(net, IpNet::V4(_)) == (proto == PROTO_ICMPV6));
+        let proto = raw.proto.as_ref().map(|v| self.check(&key("proto"), v, parse_proto)).transpose()?;
+        if let (Some(proto @ (PROTO_ICMP | PROTO_ICMPV6)), Some(proto_value)) = (proto, &raw.proto) {
+            let wrong_family = src.or(dst).filter(|net| matches!(net, IpNet::V4(_)) == (proto == PROTO_ICMPV6));
             if let Some(net) = wrong_family {
-                let (want, family) = if proto == PROTO_ICMP {
-                    ("icmpv6", "IPv6")
-                } else {
-                    ("icmp", "IPv4")
-                };
+                let (want, family) = if proto == PROTO_ICMP { ("icmpv6", "IPv6") } else { ("icmp", "IPv4") };
                 return Err(self.error(
                     self.line(proto_value),
                     key("proto"),
-                    format!(
-                        "proto {} never matches {family} network {net}; use proto = \"{want}\"",
-                        proto_name(proto)
-                    ),
+                    format!("proto {} never matches {family} network {net}; use proto = \"{want}\"", proto_name(proto)),
                 ));
             }
         }
 
         let mut ports = [None, None];
-        for (slot, (field, value)) in ports
-            .iter_mut()
-            .zip([("sport", &raw.sport), ("dport", &raw.dport)])
-        {
+        for (slot, (field, value)) in ports.iter_mut().zip([("sport", &raw.sport), ("dport", &raw.dport)]) {
             let Some(value) = value else { continue };
             let range = self.check(&key(field), value, parse_ports)?;
             if let Some(p) = proto.filter(|&p| p != PROTO_TCP && p != PROTO_UDP) {
@@ -1818,29 +1607,10 @@ impl Validator<'_> {
             *slot = Some(range);
         }
 
-        let mark = raw
-            .mark
-            .as_ref()
-            .map(|v| self.check(&key("mark"), v, parse_mark))
-            .transpose()?;
-        let dscp = raw
-            .dscp
-            .as_ref()
-            .map(|v| self.check(&key("dscp"), v, parse_dscp))
-            .transpose()?;
+        let mark = raw.mark.as_ref().map(|v| self.check(&key("mark"), v, parse_mark)).transpose()?;
+        let dscp = raw.dscp.as_ref().map(|v| self.check(&key("dscp"), v, parse_dscp)).transpose()?;
 
-        Ok(Rule {
-            index,
-            line,
-            class,
-            src,
-            dst,
-            proto,
-            sport: ports[0],
-            dport: ports[1],
-            mark,
-            dscp,
-        })
+        Ok(Rule { index, line, class, src, dst, proto, sport: ports[0], dport: ports[1], mark, dscp })
     }
 }
 
@@ -1888,9 +1658,7 @@ rate = "1mbit"
     /// contains every one of `needles`; returns the message.
     #[track_caller]
     fn fails(text: &str, line: usize, key: &str, needles: &[&str]) -> String {
-        let Err(e) = parse(text) else {
-            panic!("should fail at {key}:\n{text}")
-        };
+        let Err(e) = parse(text) else { panic!("should fail at {key}:\n{text}") };
         let message = e.to_string();
         assert_eq!(e.line(), Some(line), "line of: {message}");
         assert_eq!(e.key(), Some(key), "key of: {message}");
@@ -1985,33 +1753,19 @@ dscp = "AF41"
         let config = ok(text);
         assert_eq!(
             config.daemon,
-            DaemonSettings {
-                socket: Some("/run/shaper/test.sock".into()),
-                tick: Duration::from_micros(1500),
-            }
+            DaemonSettings { socket: Some("/run/shaper/test.sock".into()), tick: Duration::from_micros(1500) }
         );
         let iface = &config.interfaces[0];
         assert_eq!((iface.overhead, iface.replace_qdisc), (-4, true));
         let top = config.class("top").unwrap();
         assert_eq!(top.rate, "500mbit".parse().unwrap());
         assert_eq!(top.ceil, "800mbit".parse().unwrap());
-        assert_eq!(
-            (top.prio, top.weight, top.horizon),
-            (7, Some(10), Duration::from_millis(500))
-        );
+        assert_eq!((top.prio, top.weight, top.horizon), (7, Some(10), Duration::from_millis(500)));
         let leaf = config.class("leaf").unwrap();
         assert_eq!(leaf.parent.as_deref(), Some("top"));
         assert_eq!(leaf.interface, "eth0");
-        assert_eq!(
-            leaf.rate,
-            "500mbit".parse().unwrap(),
-            "100% of the parent's rate"
-        );
-        assert_eq!(
-            leaf.ceil,
-            "600mbit".parse().unwrap(),
-            "75% of the parent's ceil"
-        );
+        assert_eq!(leaf.rate, "500mbit".parse().unwrap(), "100% of the parent's rate");
+        assert_eq!(leaf.ceil, "600mbit".parse().unwrap(), "75% of the parent's ceil");
         assert_eq!(
             config.rules,
             vec![Rule {
@@ -2022,10 +1776,7 @@ dscp = "AF41"
                 dst: Some("10.2.3.4/32".parse().unwrap()),
                 proto: Some(6),
                 sport: Some(PortRange { start: 80, end: 80 }),
-                dport: Some(PortRange {
-                    start: 3072,
-                    end: 4095
-                }),
+                dport: Some(PortRange { start: 3072, end: 4095 }),
                 mark: Some(16),
                 dscp: Some(34),
             }]
@@ -2048,10 +1799,7 @@ rate = "2mbit"
         );
         let config = ok(&text);
         assert_eq!(config.class("room").unwrap().ceil, "9mbit".parse().unwrap());
-        assert_eq!(
-            config.class("guest").unwrap().ceil,
-            "10mbit".parse().unwrap()
-        );
+        assert_eq!(config.class("guest").unwrap().ceil, "10mbit".parse().unwrap());
     }
 
     #[test]
@@ -2080,10 +1828,7 @@ rate = "2mbit"
         let children: Vec<&str> = config.children("house").map(|c| c.name.as_str()).collect();
         assert_eq!(children, ["a", "b"]);
         assert!(config.class("nobody").is_none());
-        assert_eq!(
-            config.interface("lan0").unwrap().rate,
-            "10mbit".parse().unwrap()
-        );
+        assert_eq!(config.interface("lan0").unwrap().rate, "10mbit".parse().unwrap());
         assert!(config.interface("lan1").is_none());
         let lines: Vec<usize> = config.classes.iter().map(|c| c.line).collect();
         let want: Vec<usize> = (0..4).map(|n| line_of(&text, "[[class]]", n)).collect();
@@ -2113,22 +1858,12 @@ rate = "2mbit"
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/roommates.toml");
         let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
         let iface = &config.interfaces[0];
-        assert_eq!(
-            (iface.name.as_str(), iface.rate.bits_per_sec()),
-            ("lan0", 10_000_000)
-        );
+        assert_eq!((iface.name.as_str(), iface.rate.bits_per_sec()), ("lan0", 10_000_000));
         assert_eq!(iface.default_class, "guest");
         let summary: Vec<(&str, u64, u64, u8)> = config
             .classes
             .iter()
-            .map(|c| {
-                (
-                    c.name.as_str(),
-                    c.rate.bits_per_sec(),
-                    c.ceil.bits_per_sec(),
-                    c.prio,
-                )
-            })
+            .map(|c| (c.name.as_str(), c.rate.bits_per_sec(), c.ceil.bits_per_sec(), c.prio))
             .collect();
         assert_eq!(
             summary,
@@ -2139,11 +1874,8 @@ rate = "2mbit"
                 ("guest", 300_000, 10_000_000, 0),
             ]
         );
-        let rules: Vec<(&str, String)> = config
-            .rules
-            .iter()
-            .map(|r| (r.class.as_str(), r.src.unwrap().to_string()))
-            .collect();
+        let rules: Vec<(&str, String)> =
+            config.rules.iter().map(|r| (r.class.as_str(), r.src.unwrap().to_string())).collect();
         assert_eq!(
             rules,
             [
@@ -2162,27 +1894,14 @@ rate = "2mbit"
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/office.toml");
         let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(config.interfaces.len(), 2);
-        assert_eq!(
-            config.class("interactive").unwrap().rate,
-            "15mbit".parse().unwrap()
-        );
-        assert_eq!(
-            config.class("servers").unwrap().ceil,
-            "80mbit".parse().unwrap()
-        );
+        assert_eq!(config.class("interactive").unwrap().rate, "15mbit".parse().unwrap());
+        assert_eq!(config.class("servers").unwrap().ceil, "80mbit".parse().unwrap());
         assert_eq!(config.class("web").unwrap().ceil, "80mbit".parse().unwrap());
         assert!(!config.is_leaf("staff") && config.is_leaf("voip"));
         assert!(config.rules.iter().any(|r| r.dscp == Some(46)));
         assert!(config.rules.iter().any(|r| r.mark == Some(0x10)));
-        assert!(config
-            .rules
-            .iter()
-            .any(|r| r.src.is_some_and(|n| matches!(n, IpNet::V6(_)))));
-        assert!(config.rules.iter().any(|r| r.sport
-            == Some(PortRange {
-                start: 10_000,
-                end: 20_000
-            })));
+        assert!(config.rules.iter().any(|r| r.src.is_some_and(|n| matches!(n, IpNet::V6(_)))));
+        assert!(config.rules.iter().any(|r| r.sport == Some(PortRange { start: 10_000, end: 20_000 })));
     }
 
     #[test]
@@ -2203,29 +1922,16 @@ rate = "2mbit"
         let bad = dir.path().join("bad.toml");
         std::fs::write(&bad, format!("{IFACE}{GUEST}prio = 9\n")).unwrap();
         let e = Config::load(&bad).unwrap_err();
-        assert!(
-            e.to_string().starts_with(&format!("{}:", bad.display())),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with(&format!("{}:", bad.display())), "{e}");
     }
 
     // ----- errors reported while reading the TOML -------------------------------------
 
     #[test]
     fn unknown_key_names_table_and_line() {
-        let text = format!(
-            "{IFACE}{GUEST}\n[[class]]\nname = \"x\"\nrate = \"1kbit\"\ncolour = \"red\"\n"
-        );
-        let message = fails_at(
-            &text,
-            "colour",
-            "class[1].colour",
-            &["unknown field `colour`", "`ceil`"],
-        );
-        assert!(
-            message.contains(&format!(":{}:1:", line_of(&text, "colour", 0))),
-            "{message}"
-        );
+        let text = format!("{IFACE}{GUEST}\n[[class]]\nname = \"x\"\nrate = \"1kbit\"\ncolour = \"red\"\n");
+        let message = fails_at(&text, "colour", "class[1].colour", &["unknown field `colour`", "`ceil`"]);
+        assert!(message.contains(&format!(":{}:1:", line_of(&text, "colour", 0))), "{message}");
         let e = parse(&text).unwrap_err();
         assert!(matches!(e, ConfigError::Syntax { .. }));
         assert!(StdError::source(&e).is_some());
@@ -2238,19 +1944,9 @@ rate = "2mbit"
         let text = format!("{IFACE}speed = 5\n{GUEST}");
         fails_at(&text, "speed", "interface[0].speed", &["unknown field"]);
         let text = format!("{IFACE}{GUEST}[[rule]]\nclass = \"guest\"\nport = 80\n");
-        fails_at(
-            &text,
-            "port = 80",
-            "rule[0].port",
-            &["unknown field", "dport"],
-        );
+        fails_at(&text, "port = 80", "rule[0].port", &["unknown field", "dport"]);
         let text = format!("{IFACE}{GUEST}[[classes]]\nname = \"x\"\n");
-        fails_at(
-            &text,
-            "[[classes]]",
-            "classes",
-            &["unknown field `classes`"],
-        );
+        fails_at(&text, "[[classes]]", "classes", &["unknown field `classes`"]);
         let text = format!("top = 1\n{IFACE}{GUEST}");
         fails_at(&text, "top = 1", "top", &["unknown field `top`"]);
     }
@@ -2260,12 +1956,7 @@ rate = "2mbit"
         let text = format!("{IFACE}{GUEST}[[class]]\nname = 5\nrate = \"1mbit\"\n");
         fails_at(&text, "name = 5", "class[1].name", &["invalid type"]);
         let text = format!("{IFACE}replace_qdisc = \"yes\"\n{GUEST}");
-        fails_at(
-            &text,
-            "replace_qdisc",
-            "interface[0].replace_qdisc",
-            &["invalid type"],
-        );
+        fails_at(&text, "replace_qdisc", "interface[0].replace_qdisc", &["invalid type"]);
         let text = format!("{IFACE}{GUEST}[[rule]]\nclass = \"guest\"\ndport = [1, 2]\n");
         fails_at(&text, "dport", "rule[0].dport", &["an integer or a string"]);
         let text = format!("{IFACE}\n[class]\nname = \"guest\"\nrate = \"1mbit\"\n");
@@ -2278,10 +1969,7 @@ rate = "2mbit"
         let e = parse(&text).unwrap_err();
         let line = line_of(&text, "class = guest", 0);
         assert_eq!(e.line(), Some(line));
-        assert!(
-            e.to_string().starts_with(&format!("{PATH}:{line}:9: ")),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with(&format!("{PATH}:{line}:9: ")), "{e}");
     }
 
     // ----- daemon -----------------------------------------------------------------------
@@ -2289,99 +1977,25 @@ rate = "2mbit"
     #[test]
     fn bad_durations() {
         let with_tick = |tick: &str| format!("[daemon]\ntick = {tick}\n{IFACE}{GUEST}");
-        fails_at(
-            &with_tick("\"10\""),
-            "tick",
-            "daemon.tick",
-            &["no unit", "10ms"],
-        );
-        fails_at(
-            &with_tick("10"),
-            "tick",
-            "daemon.tick",
-            &["no unit", "\"10ms\""],
-        );
-        fails_at(
-            &with_tick("\"10 parsecs\""),
-            "tick",
-            "daemon.tick",
-            &["unknown unit \"parsecs\"", "ms"],
-        );
-        fails_at(
-            &with_tick("\"fast\""),
-            "tick",
-            "daemon.tick",
-            &["invalid duration", "10ms"],
-        );
-        fails_at(
-            &with_tick("\"-5ms\""),
-            "tick",
-            "daemon.tick",
-            &["invalid duration"],
-        );
-        fails_at(
-            &with_tick("\"0ms\""),
-            "tick",
-            "daemon.tick",
-            &["out of range", "1ms..=1s"],
-        );
-        fails_at(
-            &with_tick("\"2s\""),
-            "tick",
-            "daemon.tick",
-            &["out of range", "1ms..=1s"],
-        );
-        fails_at(
-            &with_tick("\"0.5ns\""),
-            "tick",
-            "daemon.tick",
-            &["whole number of nanoseconds"],
-        );
-        fails_at(
-            &with_tick("\"99999999999999999999s\""),
-            "tick",
-            "daemon.tick",
-            &["too long"],
-        );
+        fails_at(&with_tick("\"10\""), "tick", "daemon.tick", &["no unit", "10ms"]);
+        fails_at(&with_tick("10"), "tick", "daemon.tick", &["no unit", "\"10ms\""]);
+        fails_at(&with_tick("\"10 parsecs\""), "tick", "daemon.tick", &["unknown unit \"parsecs\"", "ms"]);
+        fails_at(&with_tick("\"fast\""), "tick", "daemon.tick", &["invalid duration", "10ms"]);
+        fails_at(&with_tick("\"-5ms\""), "tick", "daemon.tick", &["invalid duration"]);
+        fails_at(&with_tick("\"0ms\""), "tick", "daemon.tick", &["out of range", "1ms..=1s"]);
+        fails_at(&with_tick("\"2s\""), "tick", "daemon.tick", &["out of range", "1ms..=1s"]);
+        fails_at(&with_tick("\"0.5ns\""), "tick", "daemon.tick", &["whole number of nanoseconds"]);
+        fails_at(&with_tick("\"99999999999999999999s\""), "tick", "daemon.tick", &["too long"]);
         assert_eq!(ok(&with_tick("\"1s\"")).daemon.tick, Duration::from_secs(1));
-        assert_eq!(
-            ok(&with_tick("\"1500us\"")).daemon.tick,
-            Duration::from_micros(1500)
-        );
-        fails_at(
-            &with_tick("\"250µs\""),
-            "tick",
-            "daemon.tick",
-            &["out of range"],
-        );
+        assert_eq!(ok(&with_tick("\"1500us\"")).daemon.tick, Duration::from_micros(1500));
+        fails_at(&with_tick("\"250µs\""), "tick", "daemon.tick", &["out of range"]);
 
         let with_horizon = |h: &str| format!("{IFACE}{GUEST}horizon = {h}\n");
-        fails_at(
-            &with_horizon("\"20s\""),
-            "horizon",
-            "class[0].horizon",
-            &["out of range", "1ms..=10s"],
-        );
-        fails_at(
-            &with_horizon("\"500us\""),
-            "horizon",
-            "class[0].horizon",
-            &["out of range"],
-        );
-        fails_at(
-            &with_horizon("2"),
-            "horizon",
-            "class[0].horizon",
-            &["no unit", "\"2s\""],
-        );
-        assert_eq!(
-            ok(&with_horizon("\"10s\"")).classes[0].horizon,
-            Duration::from_secs(10)
-        );
-        assert_eq!(
-            ok(&with_horizon("\"1.5s\"")).classes[0].horizon,
-            Duration::from_millis(1500)
-        );
+        fails_at(&with_horizon("\"20s\""), "horizon", "class[0].horizon", &["out of range", "1ms..=10s"]);
+        fails_at(&with_horizon("\"500us\""), "horizon", "class[0].horizon", &["out of range"]);
+        fails_at(&with_horizon("2"), "horizon", "class[0].horizon", &["no unit", "\"2s\""]);
+        assert_eq!(ok(&with_horizon("\"10s\"")).classes[0].horizon, Duration::from_secs(10));
+        assert_eq!(ok(&with_horizon("\"1.5s\"")).classes[0].horizon, Duration::from_millis(1500));
     }
 
     #[test]
@@ -2393,22 +2007,10 @@ rate = "2mbit"
         assert_eq!(parse_duration(".5s"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration(" 2 s "), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("1.000000001s"), Ok(Duration::new(1, 1)));
-        assert!(matches!(
-            parse_duration("1.0000000001s"),
-            Err(ParseDurationError::NotWhole(_))
-        ));
-        assert!(matches!(
-            parse_duration("10"),
-            Err(ParseDurationError::MissingUnit(_))
-        ));
-        assert!(matches!(
-            parse_duration("10m"),
-            Err(ParseDurationError::UnknownUnit { .. })
-        ));
-        assert!(matches!(
-            parse_duration(""),
-            Err(ParseDurationError::Invalid(_))
-        ));
+        assert!(matches!(parse_duration("1.0000000001s"), Err(ParseDurationError::NotWhole(_))));
+        assert!(matches!(parse_duration("10"), Err(ParseDurationError::MissingUnit(_))));
+        assert!(matches!(parse_duration("10m"), Err(ParseDurationError::UnknownUnit { .. })));
+        assert!(matches!(parse_duration(""), Err(ParseDurationError::Invalid(_))));
         assert_eq!(fmt_duration(Duration::from_millis(1)), "1ms");
         assert_eq!(fmt_duration(Duration::from_secs(10)), "10s");
         assert_eq!(fmt_duration(Duration::from_micros(1500)), "1500us");
@@ -2421,12 +2023,7 @@ rate = "2mbit"
         fails_at(&text, "socket", "daemon.socket", &["invalid socket path"]);
         let long = "/x".repeat(60);
         let text = format!("[daemon]\nsocket = \"{long}\"\n{IFACE}{GUEST}");
-        fails_at(
-            &text,
-            "socket",
-            "daemon.socket",
-            &["120 bytes", "at most 107"],
-        );
+        fails_at(&text, "socket", "daemon.socket", &["120 bytes", "at most 107"]);
     }
 
     // ----- interfaces -------------------------------------------------------------------
@@ -2441,18 +2038,10 @@ rate = "2mbit"
     fn too_many_interfaces() {
         let mut text = String::new();
         for n in 0..=MAX_INTERFACES {
-            let _ = write!(
-                text,
-                "[[interface]]\nname = \"eth{n}\"\nrate = \"1mbit\"\ndefault = \"c{n}\"\n"
-            );
+            let _ = write!(text, "[[interface]]\nname = \"eth{n}\"\nrate = \"1mbit\"\ndefault = \"c{n}\"\n");
         }
         let line = line_of(&text, "[[interface]]", MAX_INTERFACES);
-        fails(
-            &text,
-            line,
-            "interface[64]",
-            &["too many interfaces (65)", "at most 64"],
-        );
+        fails(&text, line, "interface[64]", &["too many interfaces (65)", "at most 64"]);
     }
 
     #[test]
@@ -2462,10 +2051,7 @@ rate = "2mbit"
             &text,
             line_of(&text, "name = \"lan0\"", 1),
             "interface[1].name",
-            &[
-                "\"lan0\" is already configured",
-                &format!("line {}", line_of(&text, "name = \"lan0\"", 0)),
-            ],
+            &["\"lan0\" is already configured", &format!("line {}", line_of(&text, "name = \"lan0\"", 0))],
         );
     }
 
@@ -2479,14 +2065,10 @@ rate = "2mbit"
             ("", "is empty"),
             ("..", "not a valid device name"),
         ] {
-            let text = format!(
-                "[[interface]]\nname = \"{name}\"\nrate = \"1mbit\"\ndefault = \"guest\"\n{GUEST}"
-            );
+            let text = format!("[[interface]]\nname = \"{name}\"\nrate = \"1mbit\"\ndefault = \"guest\"\n{GUEST}");
             fails(&text, 2, "interface[0].name", &[why, "1 to 15 bytes"]);
         }
-        let text = format!(
-            "[[interface]]\nname = \"fifteen-chars-x\"\nrate = \"1mbit\"\ndefault = \"guest\"\n{GUEST}"
-        );
+        let text = format!("[[interface]]\nname = \"fifteen-chars-x\"\nrate = \"1mbit\"\ndefault = \"guest\"\n{GUEST}");
         assert_eq!(ok(&text).interfaces[0].name, "fifteen-chars-x");
     }
 
@@ -2495,52 +2077,22 @@ rate = "2mbit"
         let iface = |rate: &str| {
             format!("[[interface]]\nname = \"lan0\"\n{rate}\ndefault = \"guest\"\n[[class]]\nname = \"guest\"\nrate = \"1kbit\"\n")
         };
-        fails(
-            &iface("rate = \"0mbit\""),
-            3,
-            "interface[0].rate",
-            &["rate is 0", "100mbit"],
-        );
+        fails(&iface("rate = \"0mbit\""), 3, "interface[0].rate", &["rate is 0", "100mbit"]);
         fails(&iface("rate = 0"), 3, "interface[0].rate", &["rate is 0"]);
-        fails(
-            &iface(""),
-            1,
-            "interface[0].rate",
-            &["missing", "rate = \"100mbit\""],
-        );
-        fails(
-            &iface("rate = \"50%\""),
-            3,
-            "interface[0].rate",
-            &["percentage", "absolute rate"],
-        );
-        fails(
-            &iface("rate = \"10mb\""),
-            3,
-            "interface[0].rate",
-            &["unknown unit \"mb\"", "mbit"],
-        );
+        fails(&iface(""), 1, "interface[0].rate", &["missing", "rate = \"100mbit\""]);
+        fails(&iface("rate = \"50%\""), 3, "interface[0].rate", &["percentage", "absolute rate"]);
+        fails(&iface("rate = \"10mb\""), 3, "interface[0].rate", &["unknown unit \"mb\"", "mbit"]);
         fails(&iface("rate = -5"), 3, "interface[0].rate", &["negative"]);
-        assert_eq!(
-            ok(&iface("rate = 1000000")).interfaces[0].rate,
-            "1mbit".parse().unwrap()
-        );
+        assert_eq!(ok(&iface("rate = 1000000")).interfaces[0].rate, "1mbit".parse().unwrap());
         let e = parse(&iface("rate = \"10mb\"")).unwrap_err();
         let source = StdError::source(&e).expect("the rate error is kept");
-        assert!(source
-            .downcast_ref::<crate::rate::ParseRateError>()
-            .is_some());
+        assert!(source.downcast_ref::<crate::rate::ParseRateError>().is_some());
     }
 
     #[test]
     fn interface_missing_name_and_default() {
         let text = format!("[[interface]]\nrate = \"1mbit\"\ndefault = \"guest\"\n{GUEST}");
-        fails(
-            &text,
-            1,
-            "interface[0].name",
-            &["missing", "name = \"eth0\""],
-        );
+        fails(&text, 1, "interface[0].name", &["missing", "name = \"eth0\""]);
         let text = format!("[[interface]]\nname = \"lan0\"\nrate = \"1mbit\"\n{GUEST}");
         fails(&text, 1, "interface[0].default", &["missing", "leaf class"]);
     }
@@ -2550,24 +2102,9 @@ rate = "2mbit"
         let text = |o: i64| format!("{IFACE}overhead = {o}\n{GUEST}");
         assert_eq!(ok(&text(-64)).interfaces[0].overhead, -64);
         assert_eq!(ok(&text(256)).interfaces[0].overhead, 256);
-        fails_at(
-            &text(257),
-            "overhead",
-            "interface[0].overhead",
-            &["out of range", "-64..=256"],
-        );
-        fails_at(
-            &text(-65),
-            "overhead",
-            "interface[0].overhead",
-            &["out of range"],
-        );
-        fails_at(
-            &text(1 << 40),
-            "overhead",
-            "interface[0].overhead",
-            &["out of range"],
-        );
+        fails_at(&text(257), "overhead", "interface[0].overhead", &["out of range", "-64..=256"]);
+        fails_at(&text(-65), "overhead", "interface[0].overhead", &["out of range"]);
+        fails_at(&text(1 << 40), "overhead", "interface[0].overhead", &["out of range"]);
     }
 
     #[test]
@@ -2604,10 +2141,7 @@ rate = "1mbit"
             &two.replace("DEFAULT", "nobody"),
             at.replace("DEFAULT", "nobody").as_str(),
             "interface[0].default",
-            &[
-                "no class named \"nobody\"",
-                "leaf class of interface lan0: room",
-            ],
+            &["no class named \"nobody\"", "leaf class of interface lan0: room"],
         );
         fails_at(
             &two.replace("DEFAULT", "house"),
@@ -2621,10 +2155,7 @@ rate = "1mbit"
             "interface[0].default",
             &["\"w\" is on interface wan0, not lan0", "room"],
         );
-        assert_eq!(
-            ok(&two.replace("DEFAULT", "room")).interfaces[0].default_class,
-            "room"
-        );
+        assert_eq!(ok(&two.replace("DEFAULT", "room")).interfaces[0].default_class, "room");
     }
 
     // ----- classes ----------------------------------------------------------------------
@@ -2632,46 +2163,21 @@ rate = "1mbit"
     #[test]
     fn class_rate_zero_or_missing() {
         let text = format!("{IFACE}[[class]]\nname = \"guest\"\nrate = \"0bit\"\n");
-        fails_at(
-            &text,
-            "rate = \"0bit\"",
-            "class[0].rate",
-            &["rate is 0", "rate = \"1mbit\""],
-        );
+        fails_at(&text, "rate = \"0bit\"", "class[0].rate", &["rate is 0", "rate = \"1mbit\""]);
         let text = format!("{IFACE}[[class]]\nname = \"guest\"\n");
-        fails_at(
-            &text,
-            "[[class]]",
-            "class[0].rate",
-            &["missing", "rate = \"1mbit\""],
-        );
+        fails_at(&text, "[[class]]", "class[0].rate", &["missing", "rate = \"1mbit\""]);
         let text = format!("{IFACE}[[class]]\nname = \"guest\"\nrate = \"0%\"\n");
         fails_at(&text, "rate = \"0%\"", "class[0].rate", &["out of range"]);
-        let text = format!("{IFACE}[[class]]\nname = \"guest\"\nrate = \"0.01%\"\n")
-            .replace("10mbit", "9999bit");
-        fails_at(
-            &text,
-            "rate = \"0.01%\"",
-            "class[0].rate",
-            &["rounds down to 0bit"],
-        );
+        let text = format!("{IFACE}[[class]]\nname = \"guest\"\nrate = \"0.01%\"\n").replace("10mbit", "9999bit");
+        fails_at(&text, "rate = \"0.01%\"", "class[0].rate", &["rounds down to 0bit"]);
         let text = format!("{IFACE}[[class]]\nrate = \"1mbit\"\n");
         fails_at(&text, "[[class]]", "class[0].name", &["missing"]);
     }
 
     #[test]
     fn ceil_below_rate() {
-        let text =
-            format!("{IFACE}[[class]]\nname = \"guest\"\nrate = \"2mbit\"\nceil = \"1mbit\"\n");
-        fails_at(
-            &text,
-            "ceil",
-            "class[0].ceil",
-            &[
-                "ceil 1mbit is below the class's rate 2mbit",
-                "at least the rate",
-            ],
-        );
+        let text = format!("{IFACE}[[class]]\nname = \"guest\"\nrate = \"2mbit\"\nceil = \"1mbit\"\n");
+        fails_at(&text, "ceil", "class[0].ceil", &["ceil 1mbit is below the class's rate 2mbit", "at least the rate"]);
         // Without a ceil, the inherited one applies.
         let text = format!(
             r#"{IFACE}
@@ -2695,16 +2201,12 @@ rate = "6mbit"
 
     #[test]
     fn ceil_above_parent_ceil() {
-        let text =
-            format!("{IFACE}[[class]]\nname = \"guest\"\nrate = \"2mbit\"\nceil = \"20mbit\"\n");
+        let text = format!("{IFACE}[[class]]\nname = \"guest\"\nrate = \"2mbit\"\nceil = \"20mbit\"\n");
         fails_at(
             &text,
             "ceil",
             "class[0].ceil",
-            &[
-                "ceil 20mbit is above interface lan0's ceil 10mbit",
-                "at most 10mbit",
-            ],
+            &["ceil 20mbit is above interface lan0's ceil 10mbit", "at most 10mbit"],
         );
         let text = format!(
             r#"{IFACE}
@@ -2734,10 +2236,7 @@ ceil = "9mbit"
             &text,
             line_of(&text, "name = \"guest\"", 1),
             "class[1].name",
-            &[
-                "\"guest\" is already defined",
-                &format!("line {}", line_of(&text, "[[class]]", 0)),
-            ],
+            &["\"guest\" is already defined", &format!("line {}", line_of(&text, "[[class]]", 0))],
         );
     }
 
@@ -2745,12 +2244,7 @@ ceil = "9mbit"
     fn bad_class_names() {
         for name in ["", "-x", "a b", "é", &"x".repeat(65)] {
             let text = format!("{IFACE}{GUEST}[[class]]\nname = \"{name}\"\nrate = \"1kbit\"\n");
-            fails(
-                &text,
-                line_of(&text, "name = ", 2),
-                "class[1].name",
-                &["invalid class name", "letters, digits"],
-            );
+            fails(&text, line_of(&text, "name = ", 2), "class[1].name", &["invalid class name", "letters, digits"]);
         }
         let text = format!("{IFACE}{GUEST}[[class]]\nname = \"Room_2.b-c\"\nrate = \"1kbit\"\n");
         ok(&text);
@@ -2758,24 +2252,14 @@ ceil = "9mbit"
 
     #[test]
     fn class_interface() {
-        let text =
-            format!("{IFACE}[[class]]\nname = \"guest\"\ninterface = \"wan9\"\nrate = \"1mbit\"\n");
-        fails_at(
-            &text,
-            "wan9",
-            "class[0].interface",
-            &["no interface named \"wan9\"", "lan0"],
-        );
+        let text = format!("{IFACE}[[class]]\nname = \"guest\"\ninterface = \"wan9\"\nrate = \"1mbit\"\n");
+        fails_at(&text, "wan9", "class[0].interface", &["no interface named \"wan9\"", "lan0"]);
         let two = format!("{IFACE}[[interface]]\nname = \"wan0\"\nrate = \"1mbit\"\ndefault = \"w\"\n[[class]]\nname = \"w\"\ninterface = \"wan0\"\nrate = \"1mbit\"\n{GUEST}");
         fails(
             &two,
             line_of(&two, "[[class]]", 1),
             "class[1].interface",
-            &[
-                "missing",
-                "2 interfaces (lan0, wan0)",
-                "interface = \"lan0\"",
-            ],
+            &["missing", "2 interfaces (lan0, wan0)", "interface = \"lan0\""],
         );
         let fixed = two.replace("name = \"guest\"", "name = \"guest\"\ninterface = \"lan0\"");
         assert_eq!(ok(&fixed).class("guest").unwrap().interface, "lan0");
@@ -2784,19 +2268,9 @@ ceil = "9mbit"
     #[test]
     fn parents() {
         let text = format!("{IFACE}{GUEST}parent = \"nobody\"\n");
-        fails_at(
-            &text,
-            "nobody",
-            "class[0].parent",
-            &["no class named \"nobody\"", "interface lan0"],
-        );
+        fails_at(&text, "nobody", "class[0].parent", &["no class named \"nobody\"", "interface lan0"]);
         let text = format!("{IFACE}{GUEST}parent = \"guest\"\n");
-        fails_at(
-            &text,
-            "parent",
-            "class[0].parent",
-            &["cycle: guest -> guest", "tree"],
-        );
+        fails_at(&text, "parent", "class[0].parent", &["cycle: guest -> guest", "tree"]);
         let text = format!(
             r#"{IFACE}{GUEST}
 [[class]]
@@ -2813,12 +2287,7 @@ parent = "b"
 rate = "1kbit"
 "#
         );
-        fails_at(
-            &text,
-            "parent = \"c\"",
-            "class[1].parent",
-            &["cycle: a -> c -> b -> a"],
-        );
+        fails_at(&text, "parent = \"c\"", "class[1].parent", &["cycle: a -> c -> b -> a"]);
         let text = format!(
             r#"{IFACE}{GUEST}
 [[interface]]
@@ -2862,12 +2331,7 @@ rate = "2.9mbit"
             &text,
             "rate = \"4mbit\"",
             "class[0].rate",
-            &[
-                "children of class \"house\"",
-                "add up to 4.8mbit",
-                "alex 1.9mbit + betty 2.9mbit",
-                "its rate 4mbit",
-            ],
+            &["children of class \"house\"", "add up to 4.8mbit", "alex 1.9mbit + betty 2.9mbit", "its rate 4mbit"],
         );
     }
 
@@ -2920,41 +2384,13 @@ rate = "33.34%"
     #[test]
     fn prio_and_weight() {
         let text = |extra: &str| format!("{IFACE}{GUEST}{extra}\n");
-        fails_at(
-            &text("prio = 8"),
-            "prio",
-            "class[0].prio",
-            &["prio 8 is out of range", "0..=7"],
-        );
-        fails_at(
-            &text("prio = -1"),
-            "prio",
-            "class[0].prio",
-            &["out of range"],
-        );
+        fails_at(&text("prio = 8"), "prio", "class[0].prio", &["prio 8 is out of range", "0..=7"]);
+        fails_at(&text("prio = -1"), "prio", "class[0].prio", &["out of range"]);
         assert_eq!(ok(&text("prio = 7")).classes[0].prio, 7);
-        fails_at(
-            &text("weight = 0"),
-            "weight",
-            "class[0].weight",
-            &["weight 0 is invalid", "positive integer"],
-        );
-        fails_at(
-            &text("weight = -3"),
-            "weight",
-            "class[0].weight",
-            &["positive integer"],
-        );
-        fails_at(
-            &text("weight = 4294967296"),
-            "weight",
-            "class[0].weight",
-            &["positive integer"],
-        );
-        assert_eq!(
-            ok(&text("weight = 4294967295")).classes[0].weight,
-            Some(u32::MAX)
-        );
+        fails_at(&text("weight = 0"), "weight", "class[0].weight", &["weight 0 is invalid", "positive integer"]);
+        fails_at(&text("weight = -3"), "weight", "class[0].weight", &["positive integer"]);
+        fails_at(&text("weight = 4294967296"), "weight", "class[0].weight", &["positive integer"]);
+        assert_eq!(ok(&text("weight = 4294967295")).classes[0].weight, Some(u32::MAX));
     }
 
     #[test]
@@ -2964,12 +2400,7 @@ rate = "33.34%"
             let _ = write!(text, "[[class]]\nname = \"c{n}\"\nrate = \"1kbit\"\n");
         }
         let line = line_of(&text, "[[class]]", MAX_CLASSES);
-        fails(
-            &text,
-            line,
-            "class[1024]",
-            &["too many classes (1025)", "at most 1024"],
-        );
+        fails(&text, line, "class[1024]", &["too many classes (1025)", "at most 1024"]);
         // Exactly the maximum is fine.
         let cut = text.lines().take(line - 1).collect::<Vec<_>>().join("\n");
         let cut = cut.replace("default = \"guest\"", "default = \"c0\"");
@@ -2981,22 +2412,12 @@ rate = "33.34%"
         // A chain as deep as the class table allows validates quickly.
         let mut text = IFACE.replace("guest", &format!("c{}", MAX_CLASSES - 1));
         for n in 0..MAX_CLASSES {
-            let parent = if n == 0 {
-                String::new()
-            } else {
-                format!("parent = \"c{}\"\n", n - 1)
-            };
-            let _ = write!(
-                text,
-                "[[class]]\nname = \"c{n}\"\n{parent}rate = \"1kbit\"\n"
-            );
+            let parent = if n == 0 { String::new() } else { format!("parent = \"c{}\"\n", n - 1) };
+            let _ = write!(text, "[[class]]\nname = \"c{n}\"\n{parent}rate = \"1kbit\"\n");
         }
         let config = ok(&text);
         assert_eq!(config.leaves().count(), 1);
-        assert_eq!(
-            config.classes[MAX_CLASSES - 1].ceil,
-            "10mbit".parse().unwrap()
-        );
+        assert_eq!(config.classes[MAX_CLASSES - 1].ceil, "10mbit".parse().unwrap());
         // A class whose ancestors loop is reported at the loop, not at the class.
         let text = format!(
             r#"{IFACE}{GUEST}
@@ -3014,12 +2435,7 @@ parent = "x"
 rate = "1kbit"
 "#
         );
-        fails_at(
-            &text,
-            "parent = \"y\"",
-            "class[2].parent",
-            &["cycle: x -> y -> x"],
-        );
+        fails_at(&text, "parent = \"y\"", "class[2].parent", &["cycle: x -> y -> x"]);
     }
 
     // ----- rules ------------------------------------------------------------------------
@@ -3043,18 +2459,10 @@ rate = "1kbit"
             &with_rule("class = \"house\""),
             "class = \"house\"",
             "rule[1].class",
-            &[
-                "\"house\" has child classes (room)",
-                "leaf class: guest, room",
-            ],
+            &["\"house\" has child classes (room)", "leaf class: guest, room"],
         );
         let text = with_rule("src = \"10.0.0.1\"");
-        fails(
-            &text,
-            line_of(&text, "[[rule]]", 1),
-            "rule[1].class",
-            &["missing", "class = \"guest\""],
-        );
+        fails(&text, line_of(&text, "[[rule]]", 1), "rule[1].class", &["missing", "class = \"guest\""]);
         let config = ok(&with_rule("class = \"guest\""));
         assert_eq!(config.rules[1].index, 1);
         assert_eq!(config.rules[1].line, line_of(&with_rule(""), "[[rule]]", 1));
@@ -3083,34 +2491,16 @@ rate = "1kbit"
         assert_eq!(config.rules[1].src, Some("192.168.1.0/24".parse().unwrap()));
         assert_eq!(config.rules[1].dst, Some("10.0.0.1/32".parse().unwrap()));
         let config = ok(&rule("src = \"fd00:1::110\"\ndst = \"fd00::/8\""));
-        assert_eq!(
-            config.rules[1].src,
-            Some("fd00:1::110/128".parse().unwrap())
-        );
+        assert_eq!(config.rules[1].src, Some("fd00:1::110/128".parse().unwrap()));
         fails_at(
             &rule("src = \"192.168.1.300\""),
             "src",
             "rule[1].src",
             &["not an IP address or a CIDR network", "192.168.1.0/24"],
         );
-        fails_at(
-            &rule("dst = \"10.0.0.0/33\""),
-            "dst",
-            "rule[1].dst",
-            &["not a CIDR network"],
-        );
-        fails_at(
-            &rule("src = \"192.168.1.5/24\""),
-            "src",
-            "rule[1].src",
-            &["host bits set", "\"192.168.1.0/24\""],
-        );
-        fails_at(
-            &rule("src = \"fd00:1::110/64\""),
-            "src",
-            "rule[1].src",
-            &["host bits set", "\"fd00:1::/64\""],
-        );
+        fails_at(&rule("dst = \"10.0.0.0/33\""), "dst", "rule[1].dst", &["not a CIDR network"]);
+        fails_at(&rule("src = \"192.168.1.5/24\""), "src", "rule[1].src", &["host bits set", "\"192.168.1.0/24\""]);
+        fails_at(&rule("src = \"fd00:1::110/64\""), "src", "rule[1].src", &["host bits set", "\"fd00:1::/64\""]);
         fails_at(
             &rule("src = \"10.0.0.0/8\"\ndst = \"fd00::/8\""),
             "dst",
@@ -3118,88 +2508,31 @@ rate = "1kbit"
             &["different address families"],
         );
         let e = parse(&rule("src = \"nonsense\"")).unwrap_err();
-        assert!(
-            StdError::source(&e).is_some(),
-            "the address parse error is kept"
-        );
+        assert!(StdError::source(&e).is_some(), "the address parse error is kept");
     }
 
     #[test]
     fn rule_ports() {
         let rule = |fields: &str| with_rule(&format!("class = \"guest\"\n{fields}"));
-        let config = ok(&rule(
-            "proto = \"udp\"\nsport = \"53\"\ndport = \" 1024 - 65535 \"",
-        ));
-        assert_eq!(
-            config.rules[1].sport,
-            Some(PortRange { start: 53, end: 53 })
-        );
-        assert_eq!(
-            config.rules[1].dport,
-            Some(PortRange {
-                start: 1024,
-                end: 65535
-            })
-        );
-        assert_eq!(
-            ok(&rule("dport = 0")).rules[1].dport,
-            Some(PortRange { start: 0, end: 0 })
-        );
+        let config = ok(&rule("proto = \"udp\"\nsport = \"53\"\ndport = \" 1024 - 65535 \""));
+        assert_eq!(config.rules[1].sport, Some(PortRange { start: 53, end: 53 }));
+        assert_eq!(config.rules[1].dport, Some(PortRange { start: 1024, end: 65535 }));
+        assert_eq!(ok(&rule("dport = 0")).rules[1].dport, Some(PortRange { start: 0, end: 0 }));
         assert_eq!(ok(&rule("proto = 6\ndport = 80")).rules[1].proto, Some(6));
-        fails_at(
-            &rule("dport = 70000"),
-            "dport",
-            "rule[1].dport",
-            &["port 70000 is out of range", "0..=65535"],
-        );
-        fails_at(
-            &rule("sport = \"70000\""),
-            "sport",
-            "rule[1].sport",
-            &["port 70000 is out of range"],
-        );
-        fails_at(
-            &rule("dport = \"1-99999999999999999999999\""),
-            "dport",
-            "rule[1].dport",
-            &["out of range"],
-        );
-        fails_at(
-            &rule("dport = -1"),
-            "dport",
-            "rule[1].dport",
-            &["out of range"],
-        );
-        fails_at(
-            &rule("dport = \"4095-3072\""),
-            "dport",
-            "rule[1].dport",
-            &["reversed", "\"3072-4095\""],
-        );
-        fails_at(
-            &rule("dport = \"http\""),
-            "dport",
-            "rule[1].dport",
-            &["invalid port range", "\"A-B\""],
-        );
-        fails_at(
-            &rule("dport = \"1-2-3\""),
-            "dport",
-            "rule[1].dport",
-            &["invalid port range"],
-        );
+        fails_at(&rule("dport = 70000"), "dport", "rule[1].dport", &["port 70000 is out of range", "0..=65535"]);
+        fails_at(&rule("sport = \"70000\""), "sport", "rule[1].sport", &["port 70000 is out of range"]);
+        fails_at(&rule("dport = \"1-99999999999999999999999\""), "dport", "rule[1].dport", &["out of range"]);
+        fails_at(&rule("dport = -1"), "dport", "rule[1].dport", &["out of range"]);
+        fails_at(&rule("dport = \"4095-3072\""), "dport", "rule[1].dport", &["reversed", "\"3072-4095\""]);
+        fails_at(&rule("dport = \"http\""), "dport", "rule[1].dport", &["invalid port range", "\"A-B\""]);
+        fails_at(&rule("dport = \"1-2-3\""), "dport", "rule[1].dport", &["invalid port range"]);
         fails_at(
             &rule("proto = \"icmp\"\ndport = 80"),
             "dport",
             "rule[1].dport",
             &["needs proto tcp or udp", "\"icmp\""],
         );
-        fails_at(
-            &rule("proto = \"sctp\"\nsport = 80"),
-            "sport",
-            "rule[1].sport",
-            &["needs proto tcp or udp"],
-        );
+        fails_at(&rule("proto = \"sctp\"\nsport = 80"), "sport", "rule[1].sport", &["needs proto tcp or udp"]);
     }
 
     #[test]
@@ -3215,30 +2548,12 @@ rate = "1kbit"
             ("esp", 50),
             ("\"47\"", 47),
         ] {
-            let value = if name.starts_with('"') {
-                name.to_owned()
-            } else {
-                format!("\"{name}\"")
-            };
-            assert_eq!(
-                ok(&rule(&format!("proto = {value}"))).rules[1].proto,
-                Some(number),
-                "{name}"
-            );
+            let value = if name.starts_with('"') { name.to_owned() } else { format!("\"{name}\"") };
+            assert_eq!(ok(&rule(&format!("proto = {value}"))).rules[1].proto, Some(number), "{name}");
         }
         assert_eq!(ok(&rule("proto = 255")).rules[1].proto, Some(255));
-        fails_at(
-            &rule("proto = 256"),
-            "proto",
-            "rule[1].proto",
-            &["out of range", "0..=255", "tcp"],
-        );
-        fails_at(
-            &rule("proto = \"tcpp\""),
-            "proto",
-            "rule[1].proto",
-            &["unknown protocol \"tcpp\"", "udp"],
-        );
+        fails_at(&rule("proto = 256"), "proto", "rule[1].proto", &["out of range", "0..=255", "tcp"]);
+        fails_at(&rule("proto = \"tcpp\""), "proto", "rule[1].proto", &["unknown protocol \"tcpp\"", "udp"]);
         fails_at(
             &rule("proto = \"icmp\"\nsrc = \"fd00::/8\""),
             "proto",
@@ -3259,24 +2574,9 @@ rate = "1kbit"
         assert_eq!(ok(&rule("mark = 0x10")).rules[1].mark, Some(16));
         assert_eq!(ok(&rule("mark = 0xffffffff")).rules[1].mark, Some(u32::MAX));
         assert_eq!(ok(&rule("mark = 0")).rules[1].mark, Some(0));
-        fails_at(
-            &rule("mark = -1"),
-            "mark",
-            "rule[1].mark",
-            &["out of range", "0xffffffff"],
-        );
-        fails_at(
-            &rule("mark = 0x100000000"),
-            "mark",
-            "rule[1].mark",
-            &["out of range"],
-        );
-        fails_at(
-            &rule("mark = \"0x10\""),
-            "mark",
-            "rule[1].mark",
-            &["is a string", "mark = 0x10"],
-        );
+        fails_at(&rule("mark = -1"), "mark", "rule[1].mark", &["out of range", "0xffffffff"]);
+        fails_at(&rule("mark = 0x100000000"), "mark", "rule[1].mark", &["out of range"]);
+        fails_at(&rule("mark = \"0x10\""), "mark", "rule[1].mark", &["is a string", "mark = 0x10"]);
     }
 
     #[test]
@@ -3301,31 +2601,12 @@ rate = "1kbit"
             ("\"af43\"", 38),
             ("\"12\"", 12),
         ] {
-            assert_eq!(
-                ok(&rule(&format!("dscp = {value}"))).rules[1].dscp,
-                Some(want),
-                "{value}"
-            );
+            assert_eq!(ok(&rule(&format!("dscp = {value}"))).rules[1].dscp, Some(want), "{value}");
         }
-        fails_at(
-            &rule("dscp = 64"),
-            "dscp",
-            "rule[1].dscp",
-            &["DSCP 64 is out of range", "0..=63", "af41"],
-        );
-        fails_at(
-            &rule("dscp = -1"),
-            "dscp",
-            "rule[1].dscp",
-            &["out of range"],
-        );
+        fails_at(&rule("dscp = 64"), "dscp", "rule[1].dscp", &["DSCP 64 is out of range", "0..=63", "af41"]);
+        fails_at(&rule("dscp = -1"), "dscp", "rule[1].dscp", &["out of range"]);
         for bad in ["cs8", "af14", "af51", "af1", "af111", "voice", "cs"] {
-            fails_at(
-                &rule(&format!("dscp = \"{bad}\"")),
-                "dscp",
-                "rule[1].dscp",
-                &["unknown DSCP", "cs0..cs7"],
-            );
+            fails_at(&rule(&format!("dscp = \"{bad}\"")), "dscp", "rule[1].dscp", &["unknown DSCP", "cs0..cs7"]);
         }
     }
 
@@ -3348,16 +2629,16 @@ rate = "1kbit"
         let e = parse(&text).unwrap_err();
         assert!(matches!(e, ConfigError::Invalid { .. }));
         let line = line_of(&text, "prio", 0);
-        assert_eq!(e.to_string(), format!("{PATH}:{line}: class[0].prio: prio 9 is out of range; expected 0..=7 (lower is served first)"));
+        assert_eq!(
+            e.to_string(),
+            format!("{PATH}:{line}: class[0].prio: prio 9 is out of range; expected 0..=7 (lower is served first)")
+        );
         assert!(StdError::source(&e).is_none());
     }
 
     #[test]
     fn port_range_helpers() {
-        let range = PortRange {
-            start: 3072,
-            end: 4095,
-        };
+        let range = PortRange { start: 3072, end: 4095 };
         assert!(range.contains(3072) && range.contains(4095) && !range.contains(4096));
         assert_eq!(range.to_string(), "3072-4095");
         assert_eq!(PortRange { start: 80, end: 80 }.to_string(), "80");

@@ -77,6 +77,7 @@ fn horizon_ns(d: Duration) -> u64 {
 }
 
 /// The rules of `config` with class and interface names resolved to ids.
+#[must_use]
 pub fn rule_specs(config: &Config) -> Vec<RuleSpec> {
     let class_id = |name: &str| config.classes.iter().position(|c| c.name == name).expect("validated");
     let slot = |iface: &str| config.interfaces.iter().position(|i| i.name == iface).expect("validated");
@@ -109,10 +110,12 @@ pub fn rule_specs(config: &Config) -> Vec<RuleSpec> {
 pub async fn run(config: Config, socket: PathBuf, shutdown: impl Future<Output = ()>) -> Result<(), DaemonError> {
     let mut ifindexes = Vec::new();
     for iface in &config.interfaces {
-        let index = ifindex(&iface.name).ok_or_else(|| DaemonError::NoInterface { name: iface.name.clone(), path: config.path.clone() })?;
+        let index = ifindex(&iface.name)
+            .ok_or_else(|| DaemonError::NoInterface { name: iface.name.clone(), path: config.path.clone() })?;
         ifindexes.push(index);
     }
-    let compiled = rules::compile(&rule_specs(&config)).map_err(|source| DaemonError::Rules { path: config.path.clone(), source })?;
+    let compiled = rules::compile(&rule_specs(&config))
+        .map_err(|source| DaemonError::Rules { path: config.path.clone(), source })?;
     let mut datapath = Datapath::load()?;
 
     let mut guards: Vec<FqGuard> = Vec::new();
@@ -139,7 +142,10 @@ pub async fn run(config: Config, socket: PathBuf, shutdown: impl Future<Output =
             let id = u32::try_from(id).expect("at most MAX_CLASSES");
             let leaf = config.is_leaf(&class.name);
             if leaf {
-                datapath.set_class(id, ClassConfig { rate_bytes: class.rate.bytes_per_sec(), horizon_ns: horizon_ns(class.horizon) })?;
+                datapath.set_class(
+                    id,
+                    ClassConfig { rate_bytes: class.rate.bytes_per_sec(), horizon_ns: horizon_ns(class.horizon) },
+                )?;
             }
             classes.push(ClassEntry { id, leaf, current: if leaf { class.rate } else { Rate::ZERO } });
         }
@@ -219,20 +225,29 @@ impl State {
     fn set_rate(&mut self, name: &str, rate: Rate) -> Result<Response, ApiError> {
         let Some(pos) = self.config.classes.iter().position(|c| c.name == name) else {
             let names: Vec<&str> = self.config.classes.iter().map(|c| c.name.as_str()).collect();
-            return Err(ApiError::UnknownClass { message: format!("no class named `{name}`; classes: {}", names.join(", ")) });
+            return Err(ApiError::UnknownClass {
+                message: format!("no class named `{name}`; classes: {}", names.join(", ")),
+            });
         };
         let class = &self.config.classes[pos];
         if rate == Rate::ZERO {
-            return Err(ApiError::InvalidRate { message: format!("class `{name}`: a rate of 0 would stop the class; give a positive rate") });
+            return Err(ApiError::InvalidRate {
+                message: format!("class `{name}`: a rate of 0 would stop the class; give a positive rate"),
+            });
         }
         if rate > class.ceil {
-            return Err(ApiError::InvalidRate { message: format!("class `{name}`: rate {rate} is above its ceil {}", class.ceil) });
+            return Err(ApiError::InvalidRate {
+                message: format!("class `{name}`: rate {rate} is above its ceil {}", class.ceil),
+            });
         }
         // The guarantees of the class and its siblings must still fit in what their parent
         // (or the interface) guarantees.
         let (budget, owner) = match &class.parent {
             Some(p) => (self.config.class(p).expect("validated").rate, format!("parent class `{p}`")),
-            None => (self.config.interface(&class.interface).expect("validated").rate, format!("interface {}", class.interface)),
+            None => (
+                self.config.interface(&class.interface).expect("validated").rate,
+                format!("interface {}", class.interface),
+            ),
         };
         let siblings: u64 = self
             .config
@@ -253,7 +268,10 @@ impl State {
         let children: u64 = self.config.children(name).map(|c| c.rate.bits_per_sec()).sum();
         if children > rate.bits_per_sec() {
             return Err(ApiError::InvalidRate {
-                message: format!("class `{name}`: its children are guaranteed {} in all, more than {rate}", Rate::from_bits_per_sec(children)),
+                message: format!(
+                    "class `{name}`: its children are guaranteed {} in all, more than {rate}",
+                    Rate::from_bits_per_sec(children)
+                ),
             });
         }
         let entry = &mut self.classes[pos];

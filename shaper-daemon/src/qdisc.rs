@@ -34,8 +34,7 @@ use netlink_packet_route::{
 };
 use rtnetlink::{
     packet_core::{
-        ErrorMessage, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
-        NLM_F_REPLACE, NLM_F_REQUEST,
+        ErrorMessage, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REPLACE, NLM_F_REQUEST,
     },
     sys::AsyncSocket,
     Handle,
@@ -265,9 +264,7 @@ fn decide(root: &RootQdisc, replace_other: bool) -> Decision {
     match root {
         RootQdisc::Fq { .. } | RootQdisc::MqAllFq => Decision::Keep,
         RootQdisc::Default { .. } => Decision::Install(Restore::DeleteRoot),
-        RootQdisc::Other { kind, .. } if replace_other => {
-            Decision::Install(Restore::Replaced { kind: kind.clone() })
-        }
+        RootQdisc::Other { kind, .. } if replace_other => Decision::Install(Restore::Replaced { kind: kind.clone() }),
         RootQdisc::Other { kind, .. } => Decision::Refuse { kind: kind.clone() },
     }
 }
@@ -290,11 +287,7 @@ impl QdiscEntry {
             TcAttribute::Kind(k) => Some(k.clone()),
             _ => None,
         })?;
-        Some(Self {
-            kind,
-            handle: msg.header.handle.into(),
-            parent: msg.header.parent.into(),
-        })
+        Some(Self { kind, handle: msg.header.handle.into(), parent: msg.header.parent.into() })
     }
 }
 
@@ -304,14 +297,10 @@ impl QdiscEntry {
 /// down or has no queue yet, and gets its default qdisc when it comes up.
 fn classify(entries: &[QdiscEntry]) -> RootQdisc {
     let Some(root) = entries.iter().find(|e| e.parent == TC_H_ROOT) else {
-        return RootQdisc::Default {
-            kind: "noop".to_owned(),
-        };
+        return RootQdisc::Default { kind: "noop".to_owned() };
     };
     if root.kind == FQ {
-        return RootQdisc::Fq {
-            handle: root.handle,
-        };
+        return RootQdisc::Fq { handle: root.handle };
     }
     if root.kind == MQ {
         // mq's children hang off its classes: parent = <mq major>:<queue number>.
@@ -329,14 +318,9 @@ fn classify(entries: &[QdiscEntry]) -> RootQdisc {
         }
     }
     if root.handle == 0 {
-        RootQdisc::Default {
-            kind: root.kind.clone(),
-        }
+        RootQdisc::Default { kind: root.kind.clone() }
     } else {
-        RootQdisc::Other {
-            kind: root.kind.clone(),
-            handle: root.handle,
-        }
+        RootQdisc::Other { kind: root.kind.clone(), handle: root.handle }
     }
 }
 
@@ -394,10 +378,7 @@ impl Rtnl {
     /// Opens a socket in the calling thread's network namespace.
     fn open(ifname: &str) -> Result<Self, QdiscError> {
         let (mut connection, handle, _) =
-            rtnetlink::new_connection().map_err(|source| QdiscError::Socket {
-                ifname: ifname.to_owned(),
-                source,
-            })?;
+            rtnetlink::new_connection().map_err(|source| QdiscError::Socket { ifname: ifname.to_owned(), source })?;
         let socket = connection.socket_mut().socket_mut();
         // The kernel's error text is a bonus: without it the errno is still there. Capping the
         // ack keeps the layout `extack_message` expects; ext-ack is only asked for if it holds.
@@ -406,21 +387,14 @@ impl Rtnl {
                 debug!("NETLINK_EXT_ACK unavailable, kernel error texts will be missing: {e}");
             }
         }
-        Ok(Self {
-            handle,
-            task: tokio::spawn(connection),
-        })
+        Ok(Self { handle, task: tokio::spawn(connection) })
     }
 
     /// Sends one request that expects only an acknowledgement.
     async fn acked(&self, message: RouteNetlinkMessage, flags: u16) -> Result<(), KernelError> {
         let mut request = NetlinkMessage::from(message);
         request.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
-        let mut responses = self
-            .handle
-            .clone()
-            .request(request)
-            .map_err(KernelError::new)?;
+        let mut responses = self.handle.clone().request(request).map_err(KernelError::new)?;
         while let Some(response) = responses.next().await {
             if let NetlinkPayload::Error(e) = response.payload {
                 return Err(KernelError::new(rtnetlink::Error::NetlinkError(e)));
@@ -431,17 +405,10 @@ impl Rtnl {
 
     /// The index of the interface named `ifname`.
     async fn ifindex(&self, ifname: &str) -> Result<u32, QdiscError> {
-        let mut links = self
-            .handle
-            .link()
-            .get()
-            .match_name(ifname.to_owned())
-            .execute();
+        let mut links = self.handle.link().get().match_name(ifname.to_owned()).execute();
         match links.next().await {
             Some(Ok(link)) => Ok(link.header.index),
-            None => Err(QdiscError::NoSuchInterface {
-                ifname: ifname.to_owned(),
-            }),
+            None => Err(QdiscError::NoSuchInterface { ifname: ifname.to_owned() }),
             Some(Err(source)) => Err(link_error(ifname, source)),
         }
     }
@@ -467,10 +434,7 @@ impl Rtnl {
         request.attributes.push(TcAttribute::DumpInvisible(true));
         let mut request = NetlinkMessage::from(RouteNetlinkMessage::GetQueueDiscipline(request));
         request.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-        let dump_error = |source| QdiscError::Dump {
-            ifname: ifname.to_owned(),
-            source: KernelError::new(source),
-        };
+        let dump_error = |source| QdiscError::Dump { ifname: ifname.to_owned(), source: KernelError::new(source) };
         let mut responses = self.handle.clone().request(request).map_err(dump_error)?;
         let mut entries = Vec::new();
         while let Some(response) = responses.next().await {
@@ -494,19 +458,12 @@ impl Rtnl {
         message.header.parent = TcHandle::ROOT;
         message.attributes.push(TcAttribute::Kind(FQ.to_owned()));
         let flags = NLM_F_CREATE | NLM_F_REPLACE;
-        match self
-            .acked(RouteNetlinkMessage::NewQueueDiscipline(message), flags)
-            .await
-        {
+        match self.acked(RouteNetlinkMessage::NewQueueDiscipline(message), flags).await {
             Ok(()) => Ok(()),
-            Err(source) if means_unknown_kind(&source) => Err(QdiscError::FqUnavailable {
-                ifname: ifname.to_owned(),
-                source,
-            }),
-            Err(source) => Err(QdiscError::Install {
-                ifname: ifname.to_owned(),
-                source,
-            }),
+            Err(source) if means_unknown_kind(&source) => {
+                Err(QdiscError::FqUnavailable { ifname: ifname.to_owned(), source })
+            }
+            Err(source) => Err(QdiscError::Install { ifname: ifname.to_owned(), source }),
         }
     }
 
@@ -517,10 +474,7 @@ impl Rtnl {
         message.header.handle = handle.into();
         self.acked(RouteNetlinkMessage::DelQueueDiscipline(message), 0)
             .await
-            .map_err(|source| QdiscError::Delete {
-                ifname: ifname.to_owned(),
-                source,
-            })
+            .map_err(|source| QdiscError::Delete { ifname: ifname.to_owned(), source })
     }
 }
 
@@ -555,14 +509,9 @@ pub async fn delete_clsact(ifname: &str) -> Result<(), QdiscError> {
 fn link_error(ifname: &str, source: rtnetlink::Error) -> QdiscError {
     let source = KernelError::new(source);
     if source.errno() == Some(libc::ENODEV) {
-        QdiscError::NoSuchInterface {
-            ifname: ifname.to_owned(),
-        }
+        QdiscError::NoSuchInterface { ifname: ifname.to_owned() }
     } else {
-        QdiscError::Link {
-            ifname: ifname.to_owned(),
-            source,
-        }
+        QdiscError::Link { ifname: ifname.to_owned(), source }
     }
 }
 
@@ -578,9 +527,7 @@ fn means_unknown_kind(error: &KernelError) -> bool {
 fn tc_index(ifname: &str, ifindex: u32) -> Result<i32, QdiscError> {
     // Interface indexes are positive `int`s in the kernel: a larger one names no interface.
     let Ok(index) = i32::try_from(ifindex) else {
-        return Err(QdiscError::NoSuchInterface {
-            ifname: ifname.to_owned(),
-        });
+        return Err(QdiscError::NoSuchInterface { ifname: ifname.to_owned() });
     };
     Ok(index)
 }
@@ -604,30 +551,15 @@ pub async fn ensure_fq(ifname: &str, replace_other: bool) -> Result<FqGuard, Qdi
     let action = match decide(&root, replace_other) {
         Decision::Keep => {
             info!(ifname, %root, "root qdisc already enforces departure times; keeping it");
-            return Ok(FqGuard {
-                ifname: ifname.to_owned(),
-                ifindex,
-                action: Restore::Nothing,
-                fq_handle: 0,
-            });
+            return Ok(FqGuard { ifname: ifname.to_owned(), ifindex, action: Restore::Nothing, fq_handle: 0 });
         }
-        Decision::Refuse { kind } => {
-            return Err(QdiscError::Occupied {
-                ifname: ifname.to_owned(),
-                kind,
-            })
-        }
+        Decision::Refuse { kind } => return Err(QdiscError::Occupied { ifname: ifname.to_owned(), kind }),
         Decision::Install(action) => action,
     };
     rtnl.install_fq(ifname, ifindex).await?;
     let fq_handle = match rtnl.root(ifname, ifindex).await? {
         RootQdisc::Fq { handle } => handle,
-        found => {
-            return Err(QdiscError::NotInstalled {
-                ifname: ifname.to_owned(),
-                found,
-            })
-        }
+        found => return Err(QdiscError::NotInstalled { ifname: ifname.to_owned(), found }),
     };
     if let Restore::Replaced { .. } = action {
         warn!(
@@ -640,12 +572,7 @@ pub async fn ensure_fq(ifname: &str, replace_other: bool) -> Result<FqGuard, Qdi
     } else {
         info!(ifname, replaced = %root, fq = %HandleDisplay(fq_handle), "installed fq as root qdisc");
     }
-    Ok(FqGuard {
-        ifname: ifname.to_owned(),
-        ifindex,
-        action,
-        fq_handle,
-    })
+    Ok(FqGuard { ifname: ifname.to_owned(), ifindex, action, fq_handle })
 }
 
 impl FqGuard {
@@ -656,12 +583,7 @@ impl FqGuard {
     /// no longer the `fq` that was installed, someone changed it since: it is left alone, with a
     /// warning. An interface that disappeared took its qdiscs with it: nothing to do.
     pub async fn restore(self) -> Result<(), QdiscError> {
-        let Self {
-            ifname,
-            ifindex,
-            action,
-            fq_handle,
-        } = self;
+        let Self { ifname, ifindex, action, fq_handle } = self;
         if action == Restore::Nothing {
             debug!(ifname, "root qdisc was fq before shaper: leaving it");
             return Ok(());
@@ -691,10 +613,7 @@ impl FqGuard {
                  qdisc is in place until that setup is applied again"
             );
         } else {
-            info!(
-                ifname,
-                "removed shaper's fq; the kernel's default root qdisc is back"
-            );
+            info!(ifname, "removed shaper's fq; the kernel's default root qdisc is back");
         }
         Ok(())
     }
@@ -723,11 +642,7 @@ mod tests {
     use super::*;
 
     fn entry(kind: &str, handle: u32, parent: u32) -> QdiscEntry {
-        QdiscEntry {
-            kind: kind.to_owned(),
-            handle,
-            parent,
-        }
+        QdiscEntry { kind: kind.to_owned(), handle, parent }
     }
 
     #[test]
@@ -743,22 +658,14 @@ mod tests {
     #[test]
     fn no_root_in_dump_is_noop() {
         let root = classify(&[entry("clsact", 0xFFFF_0000, TC_H_INGRESS)]);
-        assert_eq!(
-            root,
-            RootQdisc::Default {
-                kind: "noop".into()
-            }
-        );
+        assert_eq!(root, RootQdisc::Default { kind: "noop".into() });
         assert_eq!(classify(&[]), root);
     }
 
     #[test]
     fn fq_is_kept_whatever_its_handle() {
         for handle in [0, 0x8001_0000, 0x0001_0000] {
-            let root = classify(&[
-                entry("clsact", 0xFFFF_0000, TC_H_INGRESS),
-                entry(FQ, handle, TC_H_ROOT),
-            ]);
+            let root = classify(&[entry("clsact", 0xFFFF_0000, TC_H_INGRESS), entry(FQ, handle, TC_H_ROOT)]);
             assert_eq!(root, RootQdisc::Fq { handle });
             assert_eq!(decide(&root, false), Decision::Keep);
             assert_eq!(decide(&root, true), Decision::Keep);
@@ -781,11 +688,7 @@ mod tests {
 
     #[test]
     fn default_mq_with_other_children_is_a_default() {
-        let root = classify(&[
-            entry(MQ, 0, TC_H_ROOT),
-            entry(FQ, 0, 1),
-            entry("fq_codel", 0, 2),
-        ]);
+        let root = classify(&[entry(MQ, 0, TC_H_ROOT), entry(FQ, 0, 1), entry("fq_codel", 0, 2)]);
         assert_eq!(root, RootQdisc::Default { kind: MQ.into() });
         // An mq with no child listed is not "all fq".
         let root = classify(&[entry(MQ, 0, TC_H_ROOT)]);
@@ -794,40 +697,16 @@ mod tests {
 
     #[test]
     fn admin_mq_with_other_children_is_other() {
-        let root = classify(&[
-            entry(MQ, 0x0001_0000, TC_H_ROOT),
-            entry("pfifo_fast", 0, 0x0001_0001),
-        ]);
-        assert_eq!(
-            root,
-            RootQdisc::Other {
-                kind: MQ.into(),
-                handle: 0x0001_0000
-            }
-        );
+        let root = classify(&[entry(MQ, 0x0001_0000, TC_H_ROOT), entry("pfifo_fast", 0, 0x0001_0001)]);
+        assert_eq!(root, RootQdisc::Other { kind: MQ.into(), handle: 0x0001_0000 });
     }
 
     #[test]
     fn admin_qdisc_is_refused_unless_replacing_is_allowed() {
-        let root = classify(&[
-            entry("htb", 0x0001_0000, TC_H_ROOT),
-            entry(FQ, 0x0010_0000, 0x0001_0001),
-        ]);
-        assert_eq!(
-            root,
-            RootQdisc::Other {
-                kind: "htb".into(),
-                handle: 0x0001_0000
-            }
-        );
-        assert_eq!(
-            decide(&root, false),
-            Decision::Refuse { kind: "htb".into() }
-        );
-        assert_eq!(
-            decide(&root, true),
-            Decision::Install(Restore::Replaced { kind: "htb".into() })
-        );
+        let root = classify(&[entry("htb", 0x0001_0000, TC_H_ROOT), entry(FQ, 0x0010_0000, 0x0001_0001)]);
+        assert_eq!(root, RootQdisc::Other { kind: "htb".into(), handle: 0x0001_0000 });
+        assert_eq!(decide(&root, false), Decision::Refuse { kind: "htb".into() });
+        assert_eq!(decide(&root, true), Decision::Install(Restore::Replaced { kind: "htb".into() }));
     }
 
     #[test]
@@ -836,10 +715,7 @@ mod tests {
         message.header.handle = 0x0001_0000.into();
         message.header.parent = TcHandle::ROOT;
         message.attributes.push(TcAttribute::Kind("htb".into()));
-        assert_eq!(
-            QdiscEntry::from_message(&message, 7),
-            Some(entry("htb", 0x0001_0000, TC_H_ROOT))
-        );
+        assert_eq!(QdiscEntry::from_message(&message, 7), Some(entry("htb", 0x0001_0000, TC_H_ROOT)));
         assert_eq!(QdiscEntry::from_message(&message, 8), None);
     }
 
@@ -848,14 +724,7 @@ mod tests {
         assert_eq!(HandleDisplay(0).to_string(), "0:");
         assert_eq!(HandleDisplay(0x8001_0000).to_string(), "8001:");
         assert_eq!(HandleDisplay(0x0001_0002).to_string(), "1:2");
-        assert_eq!(
-            RootQdisc::Other {
-                kind: "htb".into(),
-                handle: 0x0001_0000
-            }
-            .to_string(),
-            "htb 1:"
-        );
+        assert_eq!(RootQdisc::Other { kind: "htb".into(), handle: 0x0001_0000 }.to_string(), "htb 1:");
     }
 
     /// An `NLMSGERR` payload as the kernel sends it with `NETLINK_CAP_ACK` and `NETLINK_EXT_ACK`.
@@ -889,19 +758,13 @@ mod tests {
         assert_eq!(e.errno(), Some(libc::ENOENT));
         assert_eq!(e.message(), Some("Specified qdisc kind is unknown"));
         assert!(means_unknown_kind(&e));
-        assert_eq!(
-            e.to_string(),
-            "the kernel said: Specified qdisc kind is unknown"
-        );
+        assert_eq!(e.to_string(), "the kernel said: Specified qdisc kind is unknown");
 
         let e = KernelError::new(rtnetlink::Error::NetlinkError(nack(libc::EPERM, None)));
         assert_eq!(e.errno(), Some(libc::EPERM));
         assert_eq!(e.message(), None);
         assert!(!means_unknown_kind(&e));
-        assert_eq!(
-            KernelError::new(rtnetlink::Error::RequestFailed).errno(),
-            None
-        );
+        assert_eq!(KernelError::new(rtnetlink::Error::RequestFailed).errno(), None);
     }
 
     #[test]
@@ -912,9 +775,8 @@ mod tests {
         let mut e = ErrorMessage::default();
         e.code = std::num::NonZeroI32::new(-libc::ENOENT);
         e.header = vec![
-            44, 0, 0, 0, 36, 0, 5, 5, 3, 0, 0, 0, 0, 0, 0, 0, 36, 0, 1, 0, 83, 112, 101, 99, 105,
-            102, 105, 101, 100, 32, 113, 100, 105, 115, 99, 32, 107, 105, 110, 100, 32, 105, 115,
-            32, 117, 110, 107, 110, 111, 119, 110, 0,
+            44, 0, 0, 0, 36, 0, 5, 5, 3, 0, 0, 0, 0, 0, 0, 0, 36, 0, 1, 0, 83, 112, 101, 99, 105, 102, 105, 101, 100,
+            32, 113, 100, 105, 115, 99, 32, 107, 105, 110, 100, 32, 105, 115, 32, 117, 110, 107, 110, 111, 119, 110, 0,
         ];
         let e = KernelError::new(rtnetlink::Error::NetlinkError(e));
         assert_eq!(e.message(), Some("Specified qdisc kind is unknown"));
@@ -932,11 +794,7 @@ mod tests {
 
     #[test]
     fn messages_name_the_interface_and_the_way_out() {
-        let occupied = QdiscError::Occupied {
-            ifname: "eth0".into(),
-            kind: "htb".into(),
-        }
-        .to_string();
+        let occupied = QdiscError::Occupied { ifname: "eth0".into(), kind: "htb".into() }.to_string();
         assert!(occupied.contains("eth0") && occupied.contains("`htb`"));
         assert!(occupied.contains("replace_qdisc = true"));
 
@@ -945,13 +803,7 @@ mod tests {
             source: KernelError::new(rtnetlink::Error::NetlinkError(nack(libc::ENOENT, None))),
         };
         let text = unavailable.to_string();
-        for needle in [
-            "eth0",
-            "sch_fq",
-            "CONFIG_NET_SCH_FQ",
-            "modprobe sch_fq",
-            "refuses",
-        ] {
+        for needle in ["eth0", "sch_fq", "CONFIG_NET_SCH_FQ", "modprobe sch_fq", "refuses"] {
             assert!(text.contains(needle), "{needle} missing from {text}");
         }
         assert!(std::error::Error::source(&unavailable).is_some());

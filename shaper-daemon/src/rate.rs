@@ -86,97 +86,25 @@ struct Unit {
 
 /// Every unit tc accepts for rates, with its scale relative to one bit per second.
 const UNITS: [Unit; 18] = [
-    Unit {
-        name: "bit",
-        pow10: 0,
-        pow2: 0,
-    },
-    Unit {
-        name: "kbit",
-        pow10: 3,
-        pow2: 0,
-    },
-    Unit {
-        name: "mbit",
-        pow10: 6,
-        pow2: 0,
-    },
-    Unit {
-        name: "gbit",
-        pow10: 9,
-        pow2: 0,
-    },
-    Unit {
-        name: "tbit",
-        pow10: 12,
-        pow2: 0,
-    },
-    Unit {
-        name: "kibit",
-        pow10: 0,
-        pow2: 10,
-    },
-    Unit {
-        name: "mibit",
-        pow10: 0,
-        pow2: 20,
-    },
-    Unit {
-        name: "gibit",
-        pow10: 0,
-        pow2: 30,
-    },
-    Unit {
-        name: "tibit",
-        pow10: 0,
-        pow2: 40,
-    },
+    Unit { name: "bit", pow10: 0, pow2: 0 },
+    Unit { name: "kbit", pow10: 3, pow2: 0 },
+    Unit { name: "mbit", pow10: 6, pow2: 0 },
+    Unit { name: "gbit", pow10: 9, pow2: 0 },
+    Unit { name: "tbit", pow10: 12, pow2: 0 },
+    Unit { name: "kibit", pow10: 0, pow2: 10 },
+    Unit { name: "mibit", pow10: 0, pow2: 20 },
+    Unit { name: "gibit", pow10: 0, pow2: 30 },
+    Unit { name: "tibit", pow10: 0, pow2: 40 },
     // Bytes per second: one more factor of 8 = 2^3.
-    Unit {
-        name: "bps",
-        pow10: 0,
-        pow2: 3,
-    },
-    Unit {
-        name: "kbps",
-        pow10: 3,
-        pow2: 3,
-    },
-    Unit {
-        name: "mbps",
-        pow10: 6,
-        pow2: 3,
-    },
-    Unit {
-        name: "gbps",
-        pow10: 9,
-        pow2: 3,
-    },
-    Unit {
-        name: "tbps",
-        pow10: 12,
-        pow2: 3,
-    },
-    Unit {
-        name: "kibps",
-        pow10: 0,
-        pow2: 13,
-    },
-    Unit {
-        name: "mibps",
-        pow10: 0,
-        pow2: 23,
-    },
-    Unit {
-        name: "gibps",
-        pow10: 0,
-        pow2: 33,
-    },
-    Unit {
-        name: "tibps",
-        pow10: 0,
-        pow2: 43,
-    },
+    Unit { name: "bps", pow10: 0, pow2: 3 },
+    Unit { name: "kbps", pow10: 3, pow2: 3 },
+    Unit { name: "mbps", pow10: 6, pow2: 3 },
+    Unit { name: "gbps", pow10: 9, pow2: 3 },
+    Unit { name: "tbps", pow10: 12, pow2: 3 },
+    Unit { name: "kibps", pow10: 0, pow2: 13 },
+    Unit { name: "mibps", pow10: 0, pow2: 23 },
+    Unit { name: "gibps", pow10: 0, pow2: 33 },
+    Unit { name: "tibps", pow10: 0, pow2: 43 },
 ];
 
 /// The valid units, for error messages.
@@ -192,9 +120,7 @@ pub enum ParseRateError {
     #[error("empty rate; expected a number and a unit, e.g. \"10mbit\"")]
     Empty,
     /// The number is negative.
-    #[error(
-        "negative rate \"{input}\"; a rate is a number of at least 0 and a unit, e.g. \"10mbit\""
-    )]
+    #[error("negative rate \"{input}\"; a rate is a number of at least 0 and a unit, e.g. \"10mbit\"")]
     Negative {
         /// The text as given.
         input: String,
@@ -247,9 +173,7 @@ pub enum ParseRateError {
         input: String,
     },
     /// A percentage with more than two decimals.
-    #[error(
-        "percentage \"{input}\" has more than two decimals; write e.g. \"12.5%\" or \"33.33%\""
-    )]
+    #[error("percentage \"{input}\" has more than two decimals; write e.g. \"12.5%\" or \"33.33%\"")]
     PercentTooPrecise {
         /// The text as given.
         input: String,
@@ -280,9 +204,7 @@ impl<'a> Decimal<'a> {
     /// Returns `None` when `s` does not start with a well-formed number: no digit at all, or
     /// a second `.` right after the number.
     pub(crate) fn split_prefix(s: &'a str) -> Option<(Decimal<'a>, &'a str)> {
-        let end = s
-            .find(|c: char| !c.is_ascii_digit() && c != '.')
-            .unwrap_or(s.len());
+        let end = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
         let (number, rest) = s.split_at(end);
         let (int, frac) = match number.split_once('.') {
             Some((_, frac)) if frac.contains('.') => return None,
@@ -292,13 +214,7 @@ impl<'a> Decimal<'a> {
         if int.is_empty() && frac.is_empty() {
             return None;
         }
-        Some((
-            Decimal {
-                int: int.trim_start_matches('0'),
-                frac: frac.trim_end_matches('0'),
-            },
-            rest,
-        ))
+        Some((Decimal { int: int.trim_start_matches('0'), frac: frac.trim_end_matches('0') }, rest))
     }
 
     /// The exact value of `self * 10^pow10 * 2^pow2`, if it is a whole number that fits
@@ -316,12 +232,7 @@ impl<'a> Decimal<'a> {
             return Err(ScaleError::NotWhole);
         }
         // Most significant digit first; `point` digits stand before the decimal point.
-        let mut digits: Vec<u8> = self
-            .int
-            .bytes()
-            .chain(self.frac.bytes())
-            .map(|b| b - b'0')
-            .collect();
+        let mut digits: Vec<u8> = self.int.bytes().chain(self.frac.bytes()).map(|b| b - b'0').collect();
         let mut point = self.int.len() + pow10 as usize;
         if digits.len() < point {
             digits.resize(point, 0);
@@ -347,9 +258,7 @@ impl<'a> Decimal<'a> {
             return Err(ScaleError::NotWhole);
         }
         digits[..point].iter().try_fold(0u64, |acc, &d| {
-            acc.checked_mul(10)
-                .and_then(|v| v.checked_add(u64::from(d)))
-                .ok_or(ScaleError::Overflow)
+            acc.checked_mul(10).and_then(|v| v.checked_add(u64::from(d))).ok_or(ScaleError::Overflow)
         })
     }
 }
@@ -363,19 +272,13 @@ impl FromStr for Rate {
             return Err(ParseRateError::Empty);
         }
         if text.ends_with('%') {
-            return Err(ParseRateError::PercentNeedsParent {
-                input: s.to_owned(),
-            });
+            return Err(ParseRateError::PercentNeedsParent { input: s.to_owned() });
         }
         if text.starts_with('-') {
-            return Err(ParseRateError::Negative {
-                input: s.to_owned(),
-            });
+            return Err(ParseRateError::Negative { input: s.to_owned() });
         }
         let Some((number, unit)) = Decimal::split_prefix(text) else {
-            return Err(ParseRateError::InvalidNumber {
-                input: s.to_owned(),
-            });
+            return Err(ParseRateError::InvalidNumber { input: s.to_owned() });
         };
         let unit = unit.trim_start();
         let unit = if unit.is_empty() {
@@ -384,19 +287,12 @@ impl FromStr for Rate {
             UNITS
                 .iter()
                 .find(|u| u.name.eq_ignore_ascii_case(unit))
-                .ok_or_else(|| ParseRateError::UnknownUnit {
-                    input: s.to_owned(),
-                    unit: unit.to_owned(),
-                })?
+                .ok_or_else(|| ParseRateError::UnknownUnit { input: s.to_owned(), unit: unit.to_owned() })?
         };
         match number.scale(unit.pow10, unit.pow2) {
             Ok(bits) => Ok(Rate(bits)),
-            Err(ScaleError::NotWhole) => Err(ParseRateError::NotWhole {
-                input: s.to_owned(),
-            }),
-            Err(ScaleError::Overflow) => Err(ParseRateError::Overflow {
-                input: s.to_owned(),
-            }),
+            Err(ScaleError::NotWhole) => Err(ParseRateError::NotWhole { input: s.to_owned() }),
+            Err(ScaleError::Overflow) => Err(ParseRateError::Overflow { input: s.to_owned() }),
         }
     }
 }
@@ -459,11 +355,9 @@ impl Visitor<'_> for RateVisitor {
     }
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Rate, E> {
-        u64::try_from(v).map(Rate).map_err(|source| {
-            E::custom(format_args!(
-                "negative rate {v} ({source}); a rate is at least 0"
-            ))
-        })
+        u64::try_from(v)
+            .map(Rate)
+            .map_err(|source| E::custom(format_args!("negative rate {v} ({source}); a rate is at least 0")))
     }
 }
 
@@ -524,29 +418,21 @@ impl FromStr for RateSpec {
             return s.parse().map(RateSpec::Absolute);
         };
         let number = number.trim_end();
-        let out_of_range = || ParseRateError::PercentOutOfRange {
-            input: s.to_owned(),
-        };
+        let out_of_range = || ParseRateError::PercentOutOfRange { input: s.to_owned() };
         if number.starts_with('-') {
             return Err(out_of_range());
         }
         let (decimal, rest) =
-            Decimal::split_prefix(number).ok_or_else(|| ParseRateError::InvalidNumber {
-                input: s.to_owned(),
-            })?;
+            Decimal::split_prefix(number).ok_or_else(|| ParseRateError::InvalidNumber { input: s.to_owned() })?;
         if !rest.is_empty() {
-            return Err(ParseRateError::InvalidNumber {
-                input: s.to_owned(),
-            });
+            return Err(ParseRateError::InvalidNumber { input: s.to_owned() });
         }
         match decimal.scale(2, 0) {
             Ok(bp) => match u32::try_from(bp) {
                 Ok(bp @ 1..=10_000) => Ok(RateSpec::Percent(bp)),
                 _ => Err(out_of_range()),
             },
-            Err(ScaleError::NotWhole) => Err(ParseRateError::PercentTooPrecise {
-                input: s.to_owned(),
-            }),
+            Err(ScaleError::NotWhole) => Err(ParseRateError::PercentTooPrecise { input: s.to_owned() }),
             Err(ScaleError::Overflow) => Err(out_of_range()),
         }
     }
@@ -602,9 +488,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn bits(s: &str) -> u64 {
-        s.parse::<Rate>()
-            .unwrap_or_else(|e| panic!("{s:?} should parse: {e}"))
-            .bits_per_sec()
+        s.parse::<Rate>().unwrap_or_else(|e| panic!("{s:?} should parse: {e}")).bits_per_sec()
     }
 
     fn err(s: &str) -> ParseRateError {
@@ -682,23 +566,11 @@ mod tests {
     fn largest_rate() {
         assert_eq!(bits("18446744073709551615bit"), u64::MAX);
         assert_eq!(bits("18446744073709551615"), u64::MAX);
-        assert!(matches!(
-            err("18446744073709551616bit"),
-            ParseRateError::Overflow { .. }
-        ));
-        assert!(matches!(
-            err("18446744073709552tbit"),
-            ParseRateError::Overflow { .. }
-        ));
-        assert!(matches!(
-            err("2097152tibps"),
-            ParseRateError::Overflow { .. }
-        ));
+        assert!(matches!(err("18446744073709551616bit"), ParseRateError::Overflow { .. }));
+        assert!(matches!(err("18446744073709552tbit"), ParseRateError::Overflow { .. }));
+        assert!(matches!(err("2097152tibps"), ParseRateError::Overflow { .. }));
         assert_eq!(bits("2097151tibps"), 2_097_151 << 43);
-        assert!(matches!(
-            err("100000000000000000000000000bit"),
-            ParseRateError::Overflow { .. }
-        ));
+        assert!(matches!(err("100000000000000000000000000bit"), ParseRateError::Overflow { .. }));
     }
 
     #[test]
@@ -706,37 +578,18 @@ mod tests {
         assert_eq!(err(""), ParseRateError::Empty);
         assert_eq!(err("   "), ParseRateError::Empty);
         assert!(matches!(err("-1mbit"), ParseRateError::Negative { .. }));
-        for garbage in [
-            "mbit",
-            "abc",
-            ".mbit",
-            "1.2.3mbit",
-            "+1mbit",
-            "0x10bit",
-            "1e6bit",
-        ] {
+        for garbage in ["mbit", "abc", ".mbit", "1.2.3mbit", "+1mbit", "0x10bit", "1e6bit"] {
             let e = err(garbage);
             assert!(
-                matches!(
-                    e,
-                    ParseRateError::InvalidNumber { .. } | ParseRateError::UnknownUnit { .. }
-                ),
+                matches!(e, ParseRateError::InvalidNumber { .. } | ParseRateError::UnknownUnit { .. }),
                 "{garbage}: {e:?}"
             );
         }
-        assert!(
-            matches!(err("10mb"), ParseRateError::UnknownUnit { ref unit, .. } if unit == "mb")
-        );
+        assert!(matches!(err("10mb"), ParseRateError::UnknownUnit { ref unit, .. } if unit == "mb"));
         assert!(matches!(err("0.1bit"), ParseRateError::NotWhole { .. }));
         assert!(matches!(err("0.3bps"), ParseRateError::NotWhole { .. }));
-        assert!(matches!(
-            err("1.0000001kbit"),
-            ParseRateError::NotWhole { .. }
-        ));
-        assert!(matches!(
-            err("50%"),
-            ParseRateError::PercentNeedsParent { .. }
-        ));
+        assert!(matches!(err("1.0000001kbit"), ParseRateError::NotWhole { .. }));
+        assert!(matches!(err("50%"), ParseRateError::PercentNeedsParent { .. }));
     }
 
     #[test]
@@ -747,10 +600,7 @@ mod tests {
             assert!(unknown.contains(unit.name), "{unknown} lacks {}", unit.name);
         }
         let percent = err("50%").to_string();
-        assert!(
-            percent.contains("percentage") && percent.contains("parent"),
-            "{percent}"
-        );
+        assert!(percent.contains("percentage") && percent.contains("parent"), "{percent}");
         assert!(err("0.1bit").to_string().contains("whole number"));
         assert!(err("-3mbit").to_string().contains("negative"));
         assert!(err("99999999999tbit").to_string().contains("too large"));
@@ -776,10 +626,7 @@ mod tests {
         for &(bits, want) in cases {
             assert_eq!(Rate::from_bits_per_sec(bits).to_string(), want, "{bits}");
         }
-        assert_eq!(
-            format!("[{:>8}]", Rate::from_bits_per_sec(10_000_000)),
-            "[  10mbit]"
-        );
+        assert_eq!(format!("[{:>8}]", Rate::from_bits_per_sec(10_000_000)), "[  10mbit]");
     }
 
     #[test]
@@ -810,28 +657,12 @@ mod tests {
         assert_eq!(spec(" 7 % "), RateSpec::Percent(700));
         assert_eq!(spec("1.9mbit"), RateSpec::Absolute(Rate(1_900_000)));
         let bad = |s: &str| s.parse::<RateSpec>().expect_err(s);
-        for s in [
-            "0%",
-            "0.00%",
-            "100.01%",
-            "101%",
-            "-5%",
-            "99999999999999999999999%",
-        ] {
-            assert!(
-                matches!(bad(s), ParseRateError::PercentOutOfRange { .. }),
-                "{s}"
-            );
+        for s in ["0%", "0.00%", "100.01%", "101%", "-5%", "99999999999999999999999%"] {
+            assert!(matches!(bad(s), ParseRateError::PercentOutOfRange { .. }), "{s}");
         }
-        assert!(matches!(
-            bad("12.345%"),
-            ParseRateError::PercentTooPrecise { .. }
-        ));
+        assert!(matches!(bad("12.345%"), ParseRateError::PercentTooPrecise { .. }));
         assert!(matches!(bad("%"), ParseRateError::InvalidNumber { .. }));
-        assert!(matches!(
-            bad("5mbit%"),
-            ParseRateError::InvalidNumber { .. }
-        ));
+        assert!(matches!(bad("5mbit%"), ParseRateError::InvalidNumber { .. }));
         assert!(matches!(bad("10mb"), ParseRateError::UnknownUnit { .. }));
         assert!(bad("101%").to_string().contains("at most 100%"));
     }
@@ -841,15 +672,8 @@ mod tests {
         let parent = Rate(10_000_000);
         assert_eq!(RateSpec::Percent(5000).resolve(parent), Rate(5_000_000));
         assert_eq!(RateSpec::Percent(3333).resolve(parent), Rate(3_333_000));
-        assert_eq!(
-            RateSpec::Percent(1).resolve(Rate(9_999)),
-            Rate(0),
-            "rounds down"
-        );
-        assert_eq!(
-            RateSpec::Percent(10_000).resolve(Rate(u64::MAX)),
-            Rate(u64::MAX)
-        );
+        assert_eq!(RateSpec::Percent(1).resolve(Rate(9_999)), Rate(0), "rounds down");
+        assert_eq!(RateSpec::Percent(10_000).resolve(Rate(u64::MAX)), Rate(u64::MAX));
         assert_eq!(RateSpec::Absolute(Rate(5)).resolve(parent), Rate(5));
         assert_eq!(RateSpec::from(Rate(5)), RateSpec::Absolute(Rate(5)));
     }
@@ -899,15 +723,11 @@ mod tests {
     /// The exact value of `int.frac` in `unit`, when it is whole and fits.
     fn reference(int: u64, frac: &str, unit: &Unit) -> Option<u64> {
         let k = u32::try_from(frac.len()).unwrap();
-        let frac_value: u128 = if frac.is_empty() {
-            0
-        } else {
-            frac.parse().unwrap()
-        };
+        let frac_value: u128 = if frac.is_empty() { 0 } else { frac.parse().unwrap() };
         let mantissa = u128::from(int) * 10u128.pow(k) + frac_value;
         let scaled = mantissa * 10u128.pow(unit.pow10) * (1u128 << unit.pow2);
         let divisor = 10u128.pow(k);
-        if scaled % divisor != 0 {
+        if !scaled.is_multiple_of(divisor) {
             return None;
         }
         u64::try_from(scaled / divisor).ok()

@@ -228,10 +228,7 @@ pub fn compile(rules: &[RuleSpec]) -> Result<Compiled, CompileError> {
     for (id, &pos) in order.iter().enumerate() {
         id_of[pos] = u16::try_from(id).expect("at most MAX_TUPLES tuples");
     }
-    let tuples = order
-        .iter()
-        .map(|&pos| Tuple { mask: masks[pos].0, min_rule: masks[pos].1, _pad: 0 })
-        .collect();
+    let tuples = order.iter().map(|&pos| Tuple { mask: masks[pos].0, min_rule: masks[pos].1, _pad: 0 }).collect();
     let entries = entries
         .into_iter()
         .map(|(pos, mut key, target)| {
@@ -246,7 +243,13 @@ impl PacketFields {
     /// The packet key as the datapath builds it (raw ports replaced by interval ids).
     #[must_use]
     pub fn key(&self, compiled: &Compiled) -> RuleKey {
-        let mut key = RuleKey { iface: self.iface_slot, proto: self.proto, dscp: self.dscp, mark: self.mark, ..RuleKey::default() };
+        let mut key = RuleKey {
+            iface: self.iface_slot,
+            proto: self.proto,
+            dscp: self.dscp,
+            mark: self.mark,
+            ..RuleKey::default()
+        };
         match (self.src, self.dst) {
             (Some(IpAddr::V4(s)), Some(IpAddr::V4(d))) => {
                 key.family = 4;
@@ -329,11 +332,29 @@ mod tests {
     use super::*;
 
     fn rule(index: u32, class: u32) -> RuleSpec {
-        RuleSpec { index, line: index as usize + 1, class, iface_slot: 0, src: None, dst: None, proto: None, sport: None, dport: None, mark: None, dscp: None }
+        RuleSpec {
+            index,
+            line: index as usize + 1,
+            class,
+            iface_slot: 0,
+            src: None,
+            dst: None,
+            proto: None,
+            sport: None,
+            dport: None,
+            mark: None,
+            dscp: None,
+        }
     }
 
     fn v4(src: [u8; 4], dst: [u8; 4], proto: u8, ports: Option<(u16, u16)>) -> PacketFields {
-        PacketFields { src: Some(IpAddr::V4(Ipv4Addr::from(src))), dst: Some(IpAddr::V4(Ipv4Addr::from(dst))), proto, ports, ..PacketFields::default() }
+        PacketFields {
+            src: Some(IpAddr::V4(Ipv4Addr::from(src))),
+            dst: Some(IpAddr::V4(Ipv4Addr::from(dst))),
+            proto,
+            ports,
+            ..PacketFields::default()
+        }
     }
 
     #[test]
@@ -391,33 +412,75 @@ mod tests {
         ];
         let c = compile(&rules).unwrap();
         assert_eq!(c.lookup(&v4([1, 2, 3, 4], [5, 6, 7, 8], 6, None)).unwrap().class, 4);
-        let p6 = PacketFields { src: Some(IpAddr::V6(Ipv6Addr::LOCALHOST)), dst: Some(IpAddr::V6(Ipv6Addr::LOCALHOST)), ..PacketFields::default() };
+        let p6 = PacketFields {
+            src: Some(IpAddr::V6(Ipv6Addr::LOCALHOST)),
+            dst: Some(IpAddr::V6(Ipv6Addr::LOCALHOST)),
+            ..PacketFields::default()
+        };
         assert_eq!(c.lookup(&p6).unwrap().class, 6);
-        let mixed = vec![RuleSpec { src: Some("::/0".parse().unwrap()), dst: Some("0.0.0.0/0".parse().unwrap()), ..rule(0, 1) }];
+        let mixed = vec![RuleSpec {
+            src: Some("::/0".parse().unwrap()),
+            dst: Some("0.0.0.0/0".parse().unwrap()),
+            ..rule(0, 1)
+        }];
         assert_eq!(compile(&mixed).unwrap_err(), CompileError::MixedFamilies { index: 0, line: 1 });
     }
 
     #[test]
     fn too_many_shapes_is_an_error() {
         let rules: Vec<RuleSpec> = (0..=32u8)
-            .map(|len| RuleSpec { src: Some(IpNet::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), len).unwrap()), ..rule(u32::from(len), 0) })
+            .map(|len| RuleSpec {
+                src: Some(IpNet::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), len).unwrap()),
+                ..rule(u32::from(len), 0)
+            })
             .collect();
         assert!(matches!(compile(&rules), Err(CompileError::TooManyTuples { count: 33, .. })));
     }
 
     fn arb_rule() -> impl Strategy<Value = RuleSpec> {
-        let net = prop_oneof![Just(None), (any::<[u8; 4]>(), 0u8..=32).prop_map(|(a, l)| Some(IpNet::new(IpAddr::V4(Ipv4Addr::from(a)), l).unwrap().trunc()))];
+        let net = prop_oneof![
+            Just(None),
+            (any::<[u8; 4]>(), 0u8..=32)
+                .prop_map(|(a, l)| Some(IpNet::new(IpAddr::V4(Ipv4Addr::from(a)), l).unwrap().trunc()))
+        ];
         let range = prop_oneof![Just(None), (0u16..8, 0u16..8).prop_map(|(a, b)| Some((a.min(b), a.max(b))))];
-        (net.clone(), net, prop::option::of(prop_oneof![Just(6u8), Just(17u8)]), range.clone(), range, prop::option::of(0u32..3), prop::option::of(0u8..3), 0u32..5)
-            .prop_map(|(src, dst, proto, sport, dport, mark, dscp, class)| RuleSpec { src, dst, proto, sport, dport, mark, dscp, ..rule(0, class) })
+        (
+            net.clone(),
+            net,
+            prop::option::of(prop_oneof![Just(6u8), Just(17u8)]),
+            range.clone(),
+            range,
+            prop::option::of(0u32..3),
+            prop::option::of(0u8..3),
+            0u32..5,
+        )
+            .prop_map(|(src, dst, proto, sport, dport, mark, dscp, class)| RuleSpec {
+                src,
+                dst,
+                proto,
+                sport,
+                dport,
+                mark,
+                dscp,
+                ..rule(0, class)
+            })
     }
 
     fn arb_packet() -> impl Strategy<Value = PacketFields> {
-        (any::<[u8; 4]>(), any::<[u8; 4]>(), prop_oneof![Just(6u8), Just(17u8), Just(1u8)], 0u16..9, 0u16..9, 0u32..3, 0u8..3).prop_map(|(s, d, proto, sp, dp, mark, dscp)| PacketFields {
-            mark,
-            dscp,
-            ..v4(s, d, proto, (proto != 1).then_some((sp, dp)))
-        })
+        (
+            any::<[u8; 4]>(),
+            any::<[u8; 4]>(),
+            prop_oneof![Just(6u8), Just(17u8), Just(1u8)],
+            0u16..9,
+            0u16..9,
+            0u32..3,
+            0u8..3,
+        )
+            .prop_map(|(s, d, proto, sp, dp, mark, dscp)| PacketFields {
+                dscp,
+                mark,
+                ..v4(s, d, proto, (proto != 1).then_some((sp, dp)))
+            })
     }
 
     proptest! {

@@ -24,8 +24,7 @@ pub fn classify(key: &RuleKey) -> Option<RuleTarget> {
     let count = GLOBALS.get(0).map_or(0, |g| g.tuple_count);
     // SAFETY: RuleKey is repr(C), RULE_KEY_WORDS * 8 bytes long (asserted in shaper-common),
     // and read_unaligned copes with its 4-byte alignment.
-    let words: [u64; RULE_KEY_WORDS] =
-        unsafe { core::ptr::read_unaligned(core::ptr::from_ref(key).cast()) };
+    let words: [u64; RULE_KEY_WORDS] = unsafe { core::ptr::read_unaligned(core::ptr::from_ref(key).cast()) };
     let mut best: Option<RuleTarget> = None;
     let mut best_rule = u32::MAX;
     for i in 0..MAX_TUPLES {

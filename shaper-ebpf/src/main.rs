@@ -21,8 +21,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use shaper_common::{
-    ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple,
-    IFACE_L3, MAX_CLASSES, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS,
+    ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple, IFACE_L3, MAX_CLASSES,
+    MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS,
 };
 
 #[map]
@@ -130,22 +130,11 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32) -> i32 {
     // times), and tstamp_type tells the two apart (kernel 5.18+).
     // SAFETY: as above.
     let (tstamp, tstamp_type) = unsafe { ((*skb).tstamp, (*skb).tstamp_type) };
-    let t0 = if tstamp_type == TSTAMP_MONO && tstamp > now && tstamp - now <= config.horizon_ns {
-        tstamp
-    } else {
-        now
-    };
+    let t0 = if tstamp_type == TSTAMP_MONO && tstamp > now && tstamp - now <= config.horizon_ns { tstamp } else { now };
 
     // SAFETY: `state` points into an array map value that lives as long as the map.
     let verdict = unsafe {
-        edt::pace(
-            core::ptr::addr_of_mut!((*state).next_ns),
-            bytes,
-            config.rate_bytes,
-            t0,
-            now,
-            config.horizon_ns,
-        )
+        edt::pace(core::ptr::addr_of_mut!((*state).next_ns), bytes, config.rate_bytes, t0, now, config.horizon_ns)
     };
     match verdict {
         edt::Verdict::Send { depart, delay } => {

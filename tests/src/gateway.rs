@@ -81,13 +81,18 @@ impl Topology {
         let child = self
             .gw
             .command(bin("shaperd").to_str().expect("UTF-8 path"))
-            .args(["--config", path.to_str().expect("UTF-8 path"), "--socket", self.socket().to_str().expect("UTF-8 path")])
+            .args([
+                "--config",
+                path.to_str().expect("UTF-8 path"),
+                "--socket",
+                self.socket().to_str().expect("UTF-8 path"),
+            ])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
             .expect("starting shaperd");
         let mut daemon = Daemon { child, log };
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_mins(1);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = daemon.child.try_wait() {
                 panic!("shaperd exited with {status}: {}", daemon.log());
@@ -98,13 +103,22 @@ impl Topology {
             sleep(Duration::from_millis(200));
         }
         let status = self.ctl(&["status", "--json"]);
-        panic!("shaperd did not come up: log: {}\nshaperctl: {}", daemon.log(), String::from_utf8_lossy(&status.stderr));
+        panic!(
+            "shaperd did not come up: log: {}\nshaperctl: {}",
+            daemon.log(),
+            String::from_utf8_lossy(&status.stderr)
+        );
     }
 
     /// Runs shaperctl against this topology's daemon.
     #[must_use]
     pub fn ctl(&self, args: &[&str]) -> Output {
-        Command::new(bin("shaperctl")).arg("--socket").arg(self.socket()).args(args).output().expect("running shaperctl")
+        Command::new(bin("shaperctl"))
+            .arg("--socket")
+            .arg(self.socket())
+            .args(args)
+            .output()
+            .expect("running shaperctl")
     }
 
     /// `shaperctl status --json`.
@@ -136,7 +150,20 @@ impl Topology {
     pub fn iperf_client(&self, src: &str, port: u16, seconds: u32, interval: &str) -> Child {
         self.lan
             .command("iperf3")
-            .args(["-c", SERVER, "-B", src, "-p", &port.to_string(), "-t", &seconds.to_string(), "-i", interval, "-J", "--get-server-output"])
+            .args([
+                "-c",
+                SERVER,
+                "-B",
+                src,
+                "-p",
+                &port.to_string(),
+                "-t",
+                &seconds.to_string(),
+                "-i",
+                interval,
+                "-J",
+                "--get-server-output",
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -191,7 +218,8 @@ pub struct Interval {
 #[must_use]
 pub fn receiver_intervals(client: Child) -> Vec<Interval> {
     let out = client.wait_with_output().expect("waiting for iperf3");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("iperf3 JSON: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("iperf3 JSON: {e}: {}", String::from_utf8_lossy(&out.stdout)));
     assert!(v.get("error").is_none(), "iperf3: {}", v["error"]);
     v["server_output_json"]["intervals"]
         .as_array()

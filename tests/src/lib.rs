@@ -3,6 +3,7 @@
 //!
 //! Kernel tests need root and a kernel with BPF; when they cannot run they panic with the
 //! reason, so that a run without privileges fails instead of passing vacuously.
+#![allow(clippy::must_use_candidate, reason = "test helpers: the result is often only asserted on")]
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
@@ -18,10 +19,13 @@ use shaper::bpf::Datapath;
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
-    assert_eq!(euid, 0, "this kernel test needs root (CAP_BPF, CAP_NET_ADMIN); run it with sudo or via `cargo xtask test`");
+    assert_eq!(
+        euid, 0,
+        "this kernel test needs root (CAP_BPF, CAP_NET_ADMIN); run it with sudo or via `cargo xtask test`"
+    );
 }
 
-/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns` and of EDT timestamps.
+/// `CLOCK_MONOTONIC` in ns: the clock of `bpf_ktime_get_ns` and of EDT timestamps.
 #[must_use]
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -33,8 +37,14 @@ pub fn monotonic_ns() -> u64 {
 /// Transport header of a crafted packet.
 #[derive(Clone, Copy, Debug)]
 pub enum L4 {
-    Tcp { sport: u16, dport: u16 },
-    Udp { sport: u16, dport: u16 },
+    Tcp {
+        sport: u16,
+        dport: u16,
+    },
+    Udp {
+        sport: u16,
+        dport: u16,
+    },
     Icmp,
     /// An arbitrary protocol number with no header.
     Raw(u8),
@@ -201,7 +211,10 @@ pub fn run(dp: &Datapath, packet: &[u8], ctx: SkbCtx, repeat: u32) -> RunResult 
         repeat,
         ..TestRunOptions::default()
     };
-    let r = dp.program().test_run(opts).unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on a {}-byte packet with {ctx:?}: {e:?}", packet.len()));
+    let r = dp
+        .program()
+        .test_run(opts)
+        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on a {}-byte packet with {ctx:?}: {e:?}", packet.len()));
     RunResult { action: r.return_value, ctx: SkbCtx::from_bytes(&ctx_out), duration: r.duration }
 }
 
@@ -283,6 +296,10 @@ pub fn bin(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let dir = exe.parent().and_then(std::path::Path::parent).expect("target/<profile>/deps/<test>");
     let path = dir.join(name);
-    assert!(path.is_file(), "{} is missing: run `cargo build --workspace --bins` (cargo xtask test does)", path.display());
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build --workspace --bins` (cargo xtask test does)",
+        path.display()
+    );
     path
 }

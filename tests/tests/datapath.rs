@@ -1,6 +1,12 @@
 //! The tc program on the host kernel, driven by `BPF_PROG_TEST_RUN` on crafted packets:
 //! classification, departure timestamps, drops and counters, read back from the maps.
 //! Needs root.
+#![allow(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "figures for reports and tolerances"
+)]
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -17,7 +23,19 @@ const DEFAULT: u32 = 9;
 const SECOND: u64 = 1_000_000_000;
 
 fn rule(index: u32, class: u32) -> RuleSpec {
-    RuleSpec { index, line: index as usize + 1, class, iface_slot: 0, src: None, dst: None, proto: None, sport: None, dport: None, mark: None, dscp: None }
+    RuleSpec {
+        index,
+        line: index as usize + 1,
+        class,
+        iface_slot: 0,
+        src: None,
+        dst: None,
+        proto: None,
+        sport: None,
+        dport: None,
+        mark: None,
+        dscp: None,
+    }
 }
 
 /// A datapath with `rules` loaded, the loopback device shaped with default class `DEFAULT`,
@@ -101,7 +119,8 @@ fn vlan_tag_and_ipv6_extension_headers_are_skipped() {
     ];
     let dp = datapath(&rules);
     let ctx = SkbCtx::default();
-    let tagged = ipv4(&Frame { vlan: Some(100), ..Frame::default() }, Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::LOCALHOST, TCP);
+    let tagged =
+        ipv4(&Frame { vlan: Some(100), ..Frame::default() }, Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::LOCALHOST, TCP);
     assert_eq!(class_of(&dp, &tagged, ctx), 1);
     let l4 = L4::Udp { sport: 9, dport: 5001 };
     let (src, dst) = ("2001:db8::1".parse().unwrap(), "2001:db8::2".parse().unwrap());
@@ -166,7 +185,10 @@ fn malformed_and_truncated_packets_go_to_the_default_class() {
 #[test]
 fn ten_thousand_host_rules_classify_like_ten() {
     let rules: Vec<RuleSpec> = (0..10_000u32)
-        .map(|i| RuleSpec { src: Some(ipnet::IpNet::from(std::net::IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)))), ..rule(i, i % 8) })
+        .map(|i| RuleSpec {
+            src: Some(ipnet::IpNet::from(std::net::IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)))),
+            ..rule(i, i % 8)
+        })
         .collect();
     let dp = datapath(&rules);
     for i in [0u32, 1, 4_999, 9_999] {
@@ -181,7 +203,12 @@ fn edt_spaces_packets_by_wire_length_over_rate() {
     let mut dp = datapath(&[]);
     // 1,000,000 bytes/s: a 1000-byte packet costs exactly 1 ms.
     dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 10 * SECOND }).unwrap();
-    let packet = ipv4(&Frame { payload: 1000 - 14 - 20 - 32, ..Frame::default() }, Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, TCP);
+    let packet = ipv4(
+        &Frame { payload: 1000 - 14 - 20 - 32, ..Frame::default() },
+        Ipv4Addr::LOCALHOST,
+        Ipv4Addr::LOCALHOST,
+        TCP,
+    );
     assert_eq!(packet.len(), 1000);
     let before = monotonic_ns();
     let t: Vec<u64> = (0..3).map(|_| run(&dp, &packet, SkbCtx::default(), 1).ctx.tstamp).collect();
@@ -192,7 +219,11 @@ fn edt_spaces_packets_by_wire_length_over_rate() {
     assert_eq!(dp.class_state(DEFAULT).unwrap().next_ns, t[2] + 1_000_000);
     let s = dp.class_stats(DEFAULT).unwrap();
     assert_eq!((s.packets, s.bytes, s.delayed_packets), (3, 3000, 2));
-    assert!(s.delay_ns_total >= 3_000_000 - 2 * (after - before) && s.delay_ns_total <= 3_000_000, "{}", s.delay_ns_total);
+    assert!(
+        s.delay_ns_total >= 3_000_000 - 2 * (after - before) && s.delay_ns_total <= 3_000_000,
+        "{}",
+        s.delay_ns_total
+    );
 }
 
 #[test]
@@ -238,7 +269,11 @@ fn a_receive_timestamp_is_not_taken_for_a_departure_time() {
     let r = run(&dp, &packet, SkbCtx { tstamp: before + SECOND, ..SkbCtx::default() }, 1);
     let after = monotonic_ns();
     assert_eq!(r.action, TC_ACT_OK);
-    assert!(r.ctx.tstamp >= before && r.ctx.tstamp <= after, "departure {} must be now, in [{before}, {after}]", r.ctx.tstamp);
+    assert!(
+        r.ctx.tstamp >= before && r.ctx.tstamp <= after,
+        "departure {} must be now, in [{before}, {after}]",
+        r.ctx.tstamp
+    );
 }
 
 #[test]
@@ -263,7 +298,12 @@ fn the_class_clock_loses_no_update_when_cpus_race() {
     // 1 ms per packet; 2 threads × 20,000 packets = 40 s of departures, far ahead of the real
     // time the runs take, so every packet after the first finds the class backlogged.
     dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 100 * SECOND }).unwrap();
-    let packet = ipv4(&Frame { payload: 1000 - 14 - 20 - 32, ..Frame::default() }, Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, TCP);
+    let packet = ipv4(
+        &Frame { payload: 1000 - 14 - 20 - 32, ..Frame::default() },
+        Ipv4Addr::LOCALHOST,
+        Ipv4Addr::LOCALHOST,
+        TCP,
+    );
     let before = monotonic_ns();
     std::thread::scope(|s| {
         for _ in 0..2 {
@@ -281,5 +321,10 @@ fn the_class_clock_loses_no_update_when_cpus_race() {
     // The clock started at the first packet's `now` (between before and after) and moved by
     // exactly one slot per packet.
     let advance = 40_000 * 1_000_000;
-    assert!(next >= before + advance && next <= after + advance, "clock {next} not in [{}, {}]", before + advance, after + advance);
+    assert!(
+        next >= before + advance && next <= after + advance,
+        "clock {next} not in [{}, {}]",
+        before + advance,
+        after + advance
+    );
 }

@@ -2,6 +2,12 @@
 //! network namespaces: per-class counters must add up to what crossed the wire. The host
 //! kernel has no `sch_fq`, so this checks classification and counting, not pacing (the VM
 //! tests do that), and that shaperd refuses to start there. Needs root.
+#![allow(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "figures for reports and tolerances"
+)]
 
 use std::{fs::File, os::fd::AsRawFd as _};
 
@@ -26,7 +32,19 @@ fn rx_bytes(ns: &Netns, ifname: &str) -> u64 {
 }
 
 fn rule(index: u32, class: u32, src: &str) -> RuleSpec {
-    RuleSpec { index, line: 1, class, iface_slot: 0, src: Some(src.parse().unwrap()), dst: None, proto: None, sport: None, dport: None, mark: None, dscp: None }
+    RuleSpec {
+        index,
+        line: 1,
+        class,
+        iface_slot: 0,
+        src: Some(src.parse().unwrap()),
+        dst: None,
+        proto: None,
+        sport: None,
+        dport: None,
+        mark: None,
+        dscp: None,
+    }
 }
 
 #[test]
@@ -34,7 +52,14 @@ fn per_class_counters_match_bytes_that_crossed_the_veth() {
     require_root();
     let gw = Netns::new("shaper-t-gw");
     let lan = Netns::new("shaper-t-lan");
-    veth(&gw, "lan0", &["10.77.0.1/24", "10.77.0.2/24", "fd77::1/64"], &lan, "eth0", &["10.77.0.100/24", "fd77::100/64"]);
+    veth(
+        &gw,
+        "lan0",
+        &["10.77.0.1/24", "10.77.0.2/24", "fd77::1/64"],
+        &lan,
+        "eth0",
+        &["10.77.0.100/24", "fd77::100/64"],
+    );
 
     let (mut dp, ifindex) = std::thread::scope(|s| {
         s.spawn(|| {
@@ -43,7 +68,8 @@ fn per_class_counters_match_bytes_that_crossed_the_veth() {
             // (/sys still shows the namespace it was mounted in; the ioctl asks this thread's.)
             // SAFETY: valid NUL-terminated name.
             let ifindex = unsafe { libc::if_nametoindex(c"lan0".as_ptr()) };
-            dp.set_iface(ifindex, IfaceConfig { slot: 0, default_class: 3, overhead: 0, flags: IFACE_ENABLED }).unwrap();
+            dp.set_iface(ifindex, IfaceConfig { slot: 0, default_class: 3, overhead: 0, flags: IFACE_ENABLED })
+                .unwrap();
             let rules = [rule(0, 1, "10.77.0.1/32"), rule(1, 2, "10.77.0.2/32"), rule(2, 4, "fd77::/64")];
             dp.load_rules(&compile(&rules).unwrap()).unwrap();
             for class in 1..=4 {

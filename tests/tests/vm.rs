@@ -3,6 +3,12 @@
 //!
 //! Built only with `--features vm`; `cargo xtask test` runs it inside a VM (the host kernel
 //! lacks `sch_fq`, so departure times would not be enforced there). Needs root.
+#![allow(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "figures for reports and tolerances"
+)]
 
 use std::{
     process::Child,
@@ -69,9 +75,18 @@ fn static_classes_are_paced_within_two_percent() {
     let topo = topology("shaper-vm-static", &["10.1.0.2", "10.1.0.3", "10.1.0.5", "10.1.0.50"]);
     let mut daemon = topo.shaperd(STATIC_CONFIG);
     let qdisc = topo.gw.sh(&["tc", "qdisc", "show", "dev", "wan0"]);
-    assert!(String::from_utf8_lossy(&qdisc.stdout).contains("qdisc fq"), "shaperd installs fq: {}", String::from_utf8_lossy(&qdisc.stdout));
+    assert!(
+        String::from_utf8_lossy(&qdisc.stdout).contains("qdisc fq"),
+        "shaperd installs fq: {}",
+        String::from_utf8_lossy(&qdisc.stdout)
+    );
 
-    let flows = [("c2", "10.1.0.2", 5201u16, 2e6), ("c3", "10.1.0.3", 5202, 3e6), ("c5", "10.1.0.5", 5203, 5e6), ("c50", "10.1.0.50", 5204, 50e6)];
+    let flows = [
+        ("c2", "10.1.0.2", 5201u16, 2e6),
+        ("c3", "10.1.0.3", 5202, 3e6),
+        ("c5", "10.1.0.5", 5203, 5e6),
+        ("c50", "10.1.0.50", 5204, 50e6),
+    ];
     let servers: Vec<Child> = flows.iter().map(|f| topo.iperf_server(f.2)).collect();
     let clients: Vec<Child> = flows.iter().map(|f| topo.iperf_client(f.1, f.2, 12, "1")).collect();
     let mut failures = Vec::new();
@@ -80,9 +95,21 @@ fn static_classes_are_paced_within_two_percent() {
         // Steady part: after TCP's start-up, before the last (partial) second.
         let rate = wire_rate(&intervals, 3.0, 11.0);
         let error = rate / flow.3 - 1.0;
-        println!("class {}: configured {:.2} mbit/s, measured wire rate {:.3} mbit/s ({:+.2} %)", flow.0, flow.3 / 1e6, rate / 1e6, error * 100.0);
+        println!(
+            "class {}: configured {:.2} mbit/s, measured wire rate {:.3} mbit/s ({:+.2} %)",
+            flow.0,
+            flow.3 / 1e6,
+            rate / 1e6,
+            error * 100.0
+        );
         if error.abs() > 0.02 {
-            failures.push(format!("{}: {:.3} mbit/s vs {:.2} ({:+.2} %)", flow.0, rate / 1e6, flow.3 / 1e6, error * 100.0));
+            failures.push(format!(
+                "{}: {:.3} mbit/s vs {:.2} ({:+.2} %)",
+                flow.0,
+                rate / 1e6,
+                flow.3 / 1e6,
+                error * 100.0
+            ));
         }
     }
     for mut s in servers {
@@ -94,7 +121,11 @@ fn static_classes_are_paced_within_two_percent() {
         let class = status["classes"].as_array().unwrap().iter().find(|c| c["name"] == flow.0).unwrap();
         let bytes = class["bytes"].as_u64().unwrap();
         let expected = flow.3 / 8.0 * 12.0;
-        assert!(bytes as f64 > expected * 0.8 && (bytes as f64) < expected * 1.1, "class {} counted {bytes} bytes, expected about {expected}", flow.0);
+        assert!(
+            bytes as f64 > expected * 0.8 && (bytes as f64) < expected * 1.1,
+            "class {} counted {bytes} bytes, expected about {expected}",
+            flow.0
+        );
     }
     assert!(failures.is_empty(), "rates off by more than 2 %: {failures:?}");
 
@@ -122,7 +153,11 @@ fn set_rate_changes_the_measured_rate_within_a_second() {
 
     let before = wire_rate(&intervals, 2.0, 5.0);
     let after = wire_rate(&intervals, changed_at + 1.0, 10.0);
-    println!("set-rate c2 2mbit → 4mbit at {changed_at:.2} s: before {:.3} mbit/s, after {:.3} mbit/s", before / 1e6, after / 1e6);
+    println!(
+        "set-rate c2 2mbit → 4mbit at {changed_at:.2} s: before {:.3} mbit/s, after {:.3} mbit/s",
+        before / 1e6,
+        after / 1e6
+    );
     for i in &intervals {
         println!("  [{:5.2}, {:5.2}) {:.3} mbit/s", i.start, i.end, i.bits_per_second * WIRE_PER_GOODPUT / 1e6);
     }

@@ -132,8 +132,18 @@ pub fn ensure_bpf_linker() -> anyhow::Result<()> {
             "llvm-22",
         ],
     );
+    // llvm-sys reads LLVM_SYS_221_PREFIX, but bpf-linker's own build script finds the LLVM
+    // library directory through LLVM_PREFIX or else the first `llvm-config` on PATH; Debian's
+    // `llvm` package puts an older one (LLVM 14) in /usr/bin, and linking then fails with
+    // "unable to find library -lLLVM". So name LLVM 22 in both ways.
+    let mut path = vec![std::path::Path::new(LLVM_PREFIX).join("bin")];
+    path.extend(std::env::split_paths(&util::path_with_cargo_bin()));
     cmd.env("LLVM_SYS_221_PREFIX", LLVM_PREFIX)
-        .env("PATH", util::path_with_cargo_bin());
+        .env("LLVM_PREFIX", LLVM_PREFIX)
+        .env(
+            "PATH",
+            std::env::join_paths(path).context("PATH has a directory with ':' in its name")?,
+        );
     util::run(&mut cmd)?;
     let path = util::find_program("bpf-linker").context(
         "`cargo install bpf-linker` succeeded but bpf-linker is not on PATH or in ~/.cargo/bin",

@@ -281,7 +281,9 @@ fn download_deb(package: &str) -> anyhow::Result<PathBuf> {
         return Ok(deb);
     }
     eprintln!("vm: downloading {package} (about 70 MB)");
-    let mut cmd = setup::apt_get(&["download", "-q", package]);
+    // As root into a root-owned dir; without this apt warns that its `_apt` sandbox user
+    // cannot write there (and then downloads unsandboxed anyway).
+    let mut cmd = setup::apt_get(&["download", "-q", "-o", "APT::Sandbox::User=root", package]);
     cmd.current_dir(&debs);
     util::run(&mut cmd)?;
     find()?.with_context(|| {

@@ -41,10 +41,7 @@ async fn main() -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let socket = args
-        .socket
-        .or_else(|| config.daemon.socket.clone())
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
+    let socket = args.socket.or_else(|| config.daemon.socket.clone()).unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let shutdown = async move {

@@ -2,6 +2,12 @@
 //! (many repeats per run, the kernel's own timing), for 10 and 10,000 rules, next to a tc
 //! program that does nothing, measured in the same run. Prints figures and ratios; asserts
 //! nothing (the tests do that).
+#![allow(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "figures for reports and tolerances"
+)]
 
 use std::net::Ipv4Addr;
 
@@ -39,7 +45,19 @@ fn host_rules(n: u32) -> Vec<RuleSpec> {
 
 /// A household/office mix: hosts, a subnet, ports, DSCP and a mark, six tuple shapes.
 fn mixed_rules() -> Vec<RuleSpec> {
-    let base = RuleSpec { index: 0, line: 0, class: 1, iface_slot: 0, src: None, dst: None, proto: None, sport: None, dport: None, mark: None, dscp: None };
+    let base = RuleSpec {
+        index: 0,
+        line: 0,
+        class: 1,
+        iface_slot: 0,
+        src: None,
+        dst: None,
+        proto: None,
+        sport: None,
+        dport: None,
+        mark: None,
+        dscp: None,
+    };
     let mut rules = vec![
         RuleSpec { dscp: Some(46), class: 2, ..base.clone() },
         RuleSpec { proto: Some(17), dport: Some((53, 53)), class: 3, ..base.clone() },
@@ -74,7 +92,14 @@ fn ns_per_packet(mut one_run: impl FnMut() -> std::time::Duration) -> f64 {
 
 fn main() {
     require_root();
-    let packet = |src: u32| ipv4(&Frame { payload: 1000, ..Frame::default() }, Ipv4Addr::from(src), Ipv4Addr::new(198, 51, 100, 1), L4::Tcp { sport: 40000, dport: 443 });
+    let packet = |src: u32| {
+        ipv4(
+            &Frame { payload: 1000, ..Frame::default() },
+            Ipv4Addr::from(src),
+            Ipv4Addr::new(198, 51, 100, 1),
+            L4::Tcp { sport: 40000, dport: 443 },
+        )
+    };
     let ctx = SkbCtx::default();
 
     let mut baseline_dp = datapath(&[]);
