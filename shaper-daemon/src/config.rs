@@ -1704,7 +1704,7 @@ rate = "1mbit"
                 ceil: Rate::from_bits_per_sec(10_000_000),
                 prio: 0,
                 weight: None,
-                horizon: Duration::from_secs(2),
+                horizon: Duration::from_millis(200),
                 line: line_of(&text, "[[class]]", 0),
             }]
         );
