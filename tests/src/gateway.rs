@@ -135,7 +135,7 @@ impl Topology {
         let c = self
             .srv
             .command("iperf3")
-            .args(["-s", "-1", "-J", "-p", &port.to_string()])
+            .args(["-s", "-1", "-J", "-i", "0.5", "-p", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

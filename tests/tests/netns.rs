@@ -84,8 +84,9 @@ fn per_class_counters_match_bytes_that_crossed_the_veth() {
     });
     assert!(ifindex > 0);
 
-    // Warm up neighbour caches (ARP, NDP) so that only the measured pings cross below; what
-    // the warm-up sent is counted too, in the totals.
+    // Let the new links fall quiet (IPv6 duplicate address detection, MLD reports), then warm
+    // up neighbour caches (ARP, NDP) so that only the measured pings cross below.
+    std::thread::sleep(std::time::Duration::from_secs(3));
     gw.sh(&["ping", "-q", "-c", "1", "-I", "10.77.0.1", "10.77.0.100"]);
     gw.sh(&["ping", "-q", "-c", "1", "-I", "10.77.0.2", "10.77.0.100"]);
     gw.sh(&["ping", "-q", "-c", "1", "fd77::100"]);

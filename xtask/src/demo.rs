@@ -50,7 +50,8 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     };
     if host_has_fq() {
         eprintln!("demo: this kernel has sch_fq; running on the host");
-        let status = Command::new(&demo).arg(&config).status().with_context(|| format!("running {}", demo.display()))?;
+        let status =
+            Command::new(&demo).arg(&config).status().with_context(|| format!("running {}", demo.display()))?;
         if !status.success() {
             bail!("the demo failed ({status})");
         }

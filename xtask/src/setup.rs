@@ -34,6 +34,9 @@ pub const APT_PACKAGES: &[&str] = &[
 
 /// Where Debian's LLVM 22 lives (for bpf-linker's llvm-sys).
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+/// The bpf-linker release known to build against Debian's LLVM 22 (the LLVM of Debian's rustc
+/// 1.96); pinned so that a later release wanting another LLVM cannot break a fresh setup.
+const BPF_LINKER: &str = "bpf-linker@0.13.0";
 
 /// Installs everything: apt packages, bpf-linker, the VM kernel and virtme-ng.
 pub fn ensure_all() -> anyhow::Result<()> {
@@ -54,24 +57,14 @@ pub fn apt_package_installed(name: &str) -> bool {
     Command::new("dpkg-query")
         .args(["-W", "-f=${Status}", name])
         .output()
-        .is_ok_and(|out| {
-            out.status.success()
-                && String::from_utf8_lossy(&out.stdout).trim() == "install ok installed"
-        })
+        .is_ok_and(|out| out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "install ok installed")
 }
 
 /// Installs the missing ones among `packages` (running `apt-get update` first only if some are).
 pub fn ensure_apt_packages(packages: &[&str]) -> anyhow::Result<()> {
-    let missing: Vec<&str> = packages
-        .iter()
-        .copied()
-        .filter(|p| !apt_package_installed(p))
-        .collect();
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !apt_package_installed(p)).collect();
     if missing.is_empty() {
-        eprintln!(
-            "setup: apt packages already there ({} checked)",
-            packages.len()
-        );
+        eprintln!("setup: apt packages already there ({} checked)", packages.len());
         return Ok(());
     }
     require_root(&format!("install apt packages {}", missing.join(" ")))?;
@@ -80,16 +73,9 @@ pub fn ensure_apt_packages(packages: &[&str]) -> anyhow::Result<()> {
     let mut install = apt_get(&["install", "-y"]);
     install.args(&missing);
     util::run(&mut install)?;
-    let still_missing: Vec<&str> = missing
-        .iter()
-        .copied()
-        .filter(|p| !apt_package_installed(p))
-        .collect();
+    let still_missing: Vec<&str> = missing.iter().copied().filter(|p| !apt_package_installed(p)).collect();
     if !still_missing.is_empty() {
-        bail!(
-            "apt-get install ran but these are still not installed: {}",
-            still_missing.join(" ")
-        );
+        bail!("apt-get install ran but these are still not installed: {}", still_missing.join(" "));
     }
     eprintln!("setup: installed apt packages: {}", missing.join(" "));
     Ok(())
@@ -113,25 +99,12 @@ pub fn ensure_bpf_linker() -> anyhow::Result<()> {
         eprintln!("setup: bpf-linker already there ({})", path.display());
         return Ok(());
     }
-    if !std::path::Path::new(LLVM_PREFIX)
-        .join("bin/llvm-config")
-        .exists()
-    {
-        bail!(
-            "bpf-linker needs LLVM 22 at {LLVM_PREFIX} (apt package llvm-22-dev), which is missing"
-        );
+    if !std::path::Path::new(LLVM_PREFIX).join("bin/llvm-config").exists() {
+        bail!("bpf-linker needs LLVM 22 at {LLVM_PREFIX} (apt package llvm-22-dev), which is missing");
     }
     eprintln!("setup: building bpf-linker against LLVM 22 (takes a few minutes)");
-    let mut cmd = util::command(
-        util::cargo(),
-        &[
-            "install",
-            "bpf-linker",
-            "--no-default-features",
-            "--features",
-            "llvm-22",
-        ],
-    );
+    let mut cmd =
+        util::command(util::cargo(), &["install", BPF_LINKER, "--no-default-features", "--features", "llvm-22"]);
     // llvm-sys reads LLVM_SYS_221_PREFIX, but bpf-linker's own build script finds the LLVM
     // library directory through LLVM_PREFIX or else the first `llvm-config` on PATH; Debian's
     // `llvm` package puts an older one (LLVM 14) in /usr/bin, and linking then fails with
@@ -140,14 +113,10 @@ pub fn ensure_bpf_linker() -> anyhow::Result<()> {
     path.extend(std::env::split_paths(&util::path_with_cargo_bin()));
     cmd.env("LLVM_SYS_221_PREFIX", LLVM_PREFIX)
         .env("LLVM_PREFIX", LLVM_PREFIX)
-        .env(
-            "PATH",
-            std::env::join_paths(path).context("PATH has a directory with ':' in its name")?,
-        );
+        .env("PATH", std::env::join_paths(path).context("PATH has a directory with ':' in its name")?);
     util::run(&mut cmd)?;
-    let path = util::find_program("bpf-linker").context(
-        "`cargo install bpf-linker` succeeded but bpf-linker is not on PATH or in ~/.cargo/bin",
-    )?;
+    let path = util::find_program("bpf-linker")
+        .context("`cargo install bpf-linker` succeeded but bpf-linker is not on PATH or in ~/.cargo/bin")?;
     eprintln!("setup: installed bpf-linker ({})", path.display());
     Ok(())
 }

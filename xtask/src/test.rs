@@ -41,24 +41,9 @@ pub fn run(args: &TestArgs) -> ExitCode {
     let plan: Vec<(&'static str, StageFn)> = vec![
         ("setup", Box::new(setup::ensure_all)),
         ("fmt", Box::new(|| cargo(&["fmt", "--all", "--check"]))),
-        (
-            "clippy",
-            Box::new(|| {
-                cargo(&[
-                    "clippy",
-                    "--workspace",
-                    "--all-targets",
-                    "--",
-                    "-D",
-                    "warnings",
-                ])
-            }),
-        ),
+        ("clippy", Box::new(|| cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))),
         ("host tests", Box::new(host_tests)),
-        (
-            "vm tests",
-            Box::new(|| vm_tests(Duration::from_secs(args.vm_timeout))),
-        ),
+        ("vm tests", Box::new(|| vm_tests(Duration::from_secs(args.vm_timeout)))),
     ];
     let total = plan.len();
     let mut stages = Vec::with_capacity(total);
@@ -69,40 +54,20 @@ pub fn run(args: &TestArgs) -> ExitCode {
         let elapsed = started.elapsed();
         match &error {
             None => println!("<== {name}: ok ({:.1} s)", elapsed.as_secs_f64()),
-            Some(err) => println!(
-                "<== {name}: FAILED ({:.1} s): {err:#}",
-                elapsed.as_secs_f64()
-            ),
+            Some(err) => println!("<== {name}: FAILED ({:.1} s): {err:#}", elapsed.as_secs_f64()),
         }
-        stages.push(Stage {
-            name,
-            error,
-            elapsed,
-        });
+        stages.push(Stage { name, error, elapsed });
     }
     print_summary(&stages)
 }
 
 fn print_summary(stages: &[Stage]) -> ExitCode {
-    let width = stages
-        .iter()
-        .map(|s| s.name.len())
-        .max()
-        .unwrap_or(5)
-        .max(5);
+    let width = stages.iter().map(|s| s.name.len()).max().unwrap_or(5).max(5);
     println!("\nSummary");
     println!("{:<width$}  {:<6}  {:>8}", "stage", "result", "seconds");
     for stage in stages {
-        let result = if stage.error.is_none() {
-            "ok"
-        } else {
-            "FAILED"
-        };
-        println!(
-            "{:<width$}  {result:<6}  {:>8.1}",
-            stage.name,
-            stage.elapsed.as_secs_f64()
-        );
+        let result = if stage.error.is_none() { "ok" } else { "FAILED" };
+        println!("{:<width$}  {result:<6}  {:>8.1}", stage.name, stage.elapsed.as_secs_f64());
     }
     let failed = stages.iter().filter(|s| s.error.is_some()).count();
     println!("{} passed, {failed} failed", stages.len() - failed);
@@ -117,8 +82,7 @@ fn print_summary(stages: &[Stage]) -> ExitCode {
 /// (where bpf-linker is).
 fn cargo_command(args: &[&str]) -> Command {
     let mut cmd = util::command(util::cargo(), args);
-    cmd.current_dir(util::workspace_root())
-        .env("PATH", util::path_with_cargo_bin());
+    cmd.current_dir(util::workspace_root()).env("PATH", util::path_with_cargo_bin());
     cmd
 }
 
@@ -130,7 +94,8 @@ fn host_tests() -> anyhow::Result<()> {
     if !util::is_root() {
         eprintln!("warning: not root: the kernel tests need root and will fail");
     }
-    cargo(&["test", "--workspace", "--", "--test-threads=1"])
+    // --no-fail-fast: report every failing test binary, not just the first.
+    cargo(&["test", "--workspace", "--no-fail-fast", "--", "--test-threads=1"])
 }
 
 /// Builds the VM test binary on the host, runs it in the VM and checks it passed tests.
@@ -169,11 +134,7 @@ fn passed_count(output: &str) -> Option<u64> {
         .lines()
         .filter_map(|line| {
             let rest = line.trim().strip_prefix("test result: ok. ")?;
-            rest.strip_suffix("passed")
-                .or_else(|| rest.split_once(" passed").map(|(n, _)| n))?
-                .trim()
-                .parse()
-                .ok()
+            rest.strip_suffix("passed").or_else(|| rest.split_once(" passed").map(|(n, _)| n))?.trim().parse().ok()
         })
         .max()
 }
@@ -276,9 +237,7 @@ fn build_vm_tests() -> anyhow::Result<PathBuf> {
     }
     match executables.as_slice() {
         [exe] => Ok(exe.clone()),
-        [] => bail!(
-            "`{shown}` built no test executable for the test target `{target}` of {VM_TEST_PACKAGE}"
-        ),
+        [] => bail!("`{shown}` built no test executable for the test target `{target}` of {VM_TEST_PACKAGE}"),
         many => bail!("`{shown}` built several test executables: {many:?}"),
     }
 }
@@ -294,9 +253,7 @@ fn missing_target_explanation(stderr: &str) -> Option<String> {
         "does not have these features",
         "none of the selected packages contains",
     ];
-    let said = stderr
-        .lines()
-        .find(|line| missing.iter().any(|m| line.contains(m)))?;
+    let said = stderr.lines().find(|line| missing.iter().any(|m| line.contains(m)))?;
     Some(format!(
         "no VM test target: the VM tests are the test target `{VM_TEST_TARGET}` of the package \
          `{VM_TEST_PACKAGE}` (tests/, a workspace member) built with its feature \
@@ -314,10 +271,7 @@ mod tests {
         let out = "running 3 tests\n...\ntest result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.00s\n";
         assert_eq!(passed_count(out), Some(3));
         assert_eq!(passed_count("test result: ok. 0 passed; 0 failed"), Some(0));
-        assert_eq!(
-            passed_count("test result: FAILED. 2 passed; 1 failed"),
-            None
-        );
+        assert_eq!(passed_count("test result: FAILED. 2 passed; 1 failed"), None);
         assert_eq!(passed_count("no tests here"), None);
     }
 

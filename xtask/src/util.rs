@@ -9,10 +9,7 @@ use anyhow::{bail, Context as _};
 /// The workspace root: xtask always lives in `<root>/xtask`.
 pub fn workspace_root() -> PathBuf {
     let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest_dir
-        .parent()
-        .expect("xtask's manifest dir has a parent")
-        .to_path_buf()
+    manifest_dir.parent().expect("xtask's manifest dir has a parent").to_path_buf()
 }
 
 /// The workspace's target dir (`CARGO_TARGET_DIR` if set, as cargo itself does, else `<root>/target`).
@@ -57,15 +54,12 @@ pub fn path_with_cargo_bin() -> std::ffi::OsString {
 
 /// Finds `name` in `PATH` or in `~/.cargo/bin`.
 pub fn find_program(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&path_with_cargo_bin())
-        .map(|dir| dir.join(name))
-        .find(|candidate| is_executable(candidate))
+    std::env::split_paths(&path_with_cargo_bin()).map(|dir| dir.join(name)).find(|candidate| is_executable(candidate))
 }
 
 fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt as _;
-    path.metadata()
-        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    path.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// The command line as a user would type it, for logs and errors.
@@ -74,11 +68,7 @@ pub fn display_command(cmd: &Command) -> String {
     for (key, value) in cmd.get_envs() {
         // PATH is long and always the same (ours plus ~/.cargo/bin): leave it out.
         if let (Some(value), false) = (value, key == "PATH") {
-            parts.push(format!(
-                "{}={}",
-                key.to_string_lossy(),
-                shell_quote(&value.to_string_lossy())
-            ));
+            parts.push(format!("{}={}", key.to_string_lossy(), shell_quote(&value.to_string_lossy())));
         }
     }
     parts.push(shell_quote(&cmd.get_program().to_string_lossy()));
@@ -90,10 +80,7 @@ pub fn display_command(cmd: &Command) -> String {
 pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
     let shown = display_command(cmd);
     eprintln!("+ {shown}");
-    let status = cmd
-        .stdin(Stdio::null())
-        .status()
-        .with_context(|| format!("cannot start `{shown}`"))?;
+    let status = cmd.stdin(Stdio::null()).status().with_context(|| format!("cannot start `{shown}`"))?;
     if !status.success() {
         bail!("`{shown}` failed: {status}");
     }
@@ -102,10 +89,7 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
 
 /// Quotes `word` for a POSIX shell (unchanged when it needs no quoting).
 pub fn shell_quote(word: &str) -> String {
-    let safe = !word.is_empty()
-        && word
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%^".contains(&b));
+    let safe = !word.is_empty() && word.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%^".contains(&b));
     if safe {
         word.to_owned()
     } else {
@@ -115,9 +99,7 @@ pub fn shell_quote(word: &str) -> String {
 
 /// Quotes a path for a POSIX shell; errors if it is not UTF-8 (we write it into scripts).
 pub fn shell_quote_path(path: &Path) -> anyhow::Result<String> {
-    let s = path
-        .to_str()
-        .with_context(|| format!("path {} is not UTF-8", path.display()))?;
+    let s = path.to_str().with_context(|| format!("path {} is not UTF-8", path.display()))?;
     Ok(shell_quote(s))
 }
 

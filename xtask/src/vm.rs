@@ -88,26 +88,15 @@ pub struct VmArgs {
 /// and exits with that code.
 pub fn run(args: &VmArgs) -> anyhow::Result<ExitCode> {
     let rwdir = args.rwdir.clone().unwrap_or_else(|| vm_dir().join("run"));
-    let script = args
-        .command
-        .iter()
-        .map(|word| util::shell_quote(word))
-        .collect::<Vec<_>>()
-        .join(" ");
+    let script = args.command.iter().map(|word| util::shell_quote(word)).collect::<Vec<_>>().join(" ");
     let started = Instant::now();
     let result = run_in_vm(&script, &rwdir, Duration::from_secs(args.timeout))?;
     print!("{}", result.output);
     if !result.output.is_empty() && !result.output.ends_with('\n') {
         println!();
     }
-    println!(
-        "vm: exit code {} (boot + run took {:.1} s)",
-        result.exit_code,
-        started.elapsed().as_secs_f64()
-    );
-    Ok(ExitCode::from(
-        u8::try_from(result.exit_code).unwrap_or(u8::MAX),
-    ))
+    println!("vm: exit code {} (boot + run took {:.1} s)", result.exit_code, started.elapsed().as_secs_f64());
+    Ok(ExitCode::from(u8::try_from(result.exit_code).unwrap_or(u8::MAX)))
 }
 
 /// `target/vm`, where the kernel, virtme-ng and run files are kept.
@@ -143,19 +132,13 @@ fn query_kernel_package() -> anyhow::Result<Option<String>> {
         .stdin(Stdio::null())
         .output()
         .context("cannot run apt-cache (is this Debian/Ubuntu?)")?;
-    Ok(parse_kernel_dependency(&String::from_utf8_lossy(
-        &out.stdout,
-    )))
+    Ok(parse_kernel_dependency(&String::from_utf8_lossy(&out.stdout)))
 }
 
 /// Picks `linux-image-<release>` out of `apt-cache depends linux-image-amd64`'s output.
 fn parse_kernel_dependency(apt_cache_depends: &str) -> Option<String> {
     apt_cache_depends.lines().find_map(|line| {
-        let name = line
-            .trim()
-            .trim_start_matches('|')
-            .strip_prefix("Depends:")?
-            .trim();
+        let name = line.trim().trim_start_matches('|').strip_prefix("Depends:")?.trim();
         let release = name.strip_prefix("linux-image-")?;
         let looks_like_release =
             release.starts_with(|c: char| c.is_ascii_digit()) && !release.contains(['<', '>', ' ']);
@@ -174,61 +157,34 @@ pub fn ensure_kernel() -> anyhow::Result<VmKernel> {
             let Some(kernel) = cached.into_iter().next() else {
                 return Err(err);
             };
-            eprintln!(
-                "vm: cannot resolve the current kernel package ({err:#}); using the cached {}",
-                kernel.release
-            );
+            eprintln!("vm: cannot resolve the current kernel package ({err:#}); using the cached {}", kernel.release);
             ensure_modules(&kernel)?;
             return Ok(kernel);
         }
     };
-    let release = package
-        .strip_prefix("linux-image-")
-        .expect("parse_kernel_dependency returns linux-image-*")
-        .to_owned();
+    let release =
+        package.strip_prefix("linux-image-").expect("parse_kernel_dependency returns linux-image-*").to_owned();
     let extracted = kernels.join(&release);
     let vmlinuz = extracted.join("boot").join(format!("vmlinuz-{release}"));
-    let kernel = VmKernel {
-        package: package.clone(),
-        release: release.clone(),
-        vmlinuz: vmlinuz.clone(),
-    };
+    let kernel = VmKernel { package: package.clone(), release: release.clone(), vmlinuz: vmlinuz.clone() };
     if vmlinuz.is_file() {
-        eprintln!(
-            "vm: kernel {release} (from {package}) already there ({})",
-            vmlinuz.display()
-        );
+        eprintln!("vm: kernel {release} (from {package}) already there ({})", vmlinuz.display());
     } else {
         let deb = download_deb(&package)?;
         let partial = kernels.join(format!("{release}.partial"));
         if partial.exists() {
-            fs::remove_dir_all(&partial)
-                .with_context(|| format!("cannot remove {}", partial.display()))?;
+            fs::remove_dir_all(&partial).with_context(|| format!("cannot remove {}", partial.display()))?;
         }
-        fs::create_dir_all(&partial)
-            .with_context(|| format!("cannot create {}", partial.display()))?;
+        fs::create_dir_all(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
         util::run(Command::new("dpkg").arg("-x").arg(&deb).arg(&partial))?;
-        if !partial
-            .join("boot")
-            .join(format!("vmlinuz-{release}"))
-            .is_file()
-        {
-            bail!(
-                "{} has no boot/vmlinuz-{release}: not the kernel package expected",
-                deb.display()
-            );
+        if !partial.join("boot").join(format!("vmlinuz-{release}")).is_file() {
+            bail!("{} has no boot/vmlinuz-{release}: not the kernel package expected", deb.display());
         }
         if extracted.exists() {
-            fs::remove_dir_all(&extracted)
-                .with_context(|| format!("cannot remove {}", extracted.display()))?;
+            fs::remove_dir_all(&extracted).with_context(|| format!("cannot remove {}", extracted.display()))?;
         }
-        fs::rename(&partial, &extracted).with_context(|| {
-            format!(
-                "cannot rename {} to {}",
-                partial.display(),
-                extracted.display()
-            )
-        })?;
+        fs::rename(&partial, &extracted)
+            .with_context(|| format!("cannot rename {} to {}", partial.display(), extracted.display()))?;
         eprintln!("vm: extracted kernel {release} ({})", vmlinuz.display());
     }
     ensure_modules(&kernel)?;
@@ -245,11 +201,7 @@ fn cached_kernels(kernels: &Path) -> Vec<VmKernel> {
         .filter_map(|entry| {
             let release = entry.file_name().into_string().ok()?;
             let vmlinuz = entry.path().join("boot").join(format!("vmlinuz-{release}"));
-            vmlinuz.is_file().then(|| VmKernel {
-                package: format!("linux-image-{release}"),
-                release,
-                vmlinuz,
-            })
+            vmlinuz.is_file().then(|| VmKernel { package: format!("linux-image-{release}"), release, vmlinuz })
         })
         .collect();
     found.sort_by(|a, b| b.release.cmp(&a.release));
@@ -262,14 +214,9 @@ fn download_deb(package: &str) -> anyhow::Result<PathBuf> {
     fs::create_dir_all(&debs).with_context(|| format!("cannot create {}", debs.display()))?;
     let find = || -> anyhow::Result<Option<PathBuf>> {
         let prefix = format!("{package}_");
-        for entry in
-            fs::read_dir(&debs).with_context(|| format!("cannot read {}", debs.display()))?
-        {
+        for entry in fs::read_dir(&debs).with_context(|| format!("cannot read {}", debs.display()))? {
             let path = entry?.path();
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
             if name.starts_with(&prefix) && path.extension().is_some_and(|ext| ext == "deb") {
                 return Ok(Some(path));
             }
@@ -286,12 +233,7 @@ fn download_deb(package: &str) -> anyhow::Result<PathBuf> {
     let mut cmd = setup::apt_get(&["download", "-q", "-o", "APT::Sandbox::User=root", package]);
     cmd.current_dir(&debs);
     util::run(&mut cmd)?;
-    find()?.with_context(|| {
-        format!(
-            "`apt-get download {package}` left no {package}_*.deb in {}",
-            debs.display()
-        )
-    })
+    find()?.with_context(|| format!("`apt-get download {package}` left no {package}_*.deb in {}", debs.display()))
 }
 
 /// Copies the kernel's modules to `/lib/modules/<release>` (where the guest looks) and runs
@@ -299,54 +241,24 @@ fn download_deb(package: &str) -> anyhow::Result<PathBuf> {
 fn ensure_modules(kernel: &VmKernel) -> anyhow::Result<()> {
     let installed = Path::new("/lib/modules").join(&kernel.release);
     if installed.join("modules.dep").is_file() {
-        eprintln!(
-            "vm: modules for {} already in {}",
-            kernel.release,
-            installed.display()
-        );
+        eprintln!("vm: modules for {} already in {}", kernel.release, installed.display());
         return Ok(());
     }
-    setup::require_root(&format!(
-        "install the VM kernel's modules in {}",
-        installed.display()
-    ))?;
-    let extracted = kernel
-        .vmlinuz
-        .parent()
-        .and_then(Path::parent)
-        .context("vmlinuz path has no parent")?;
+    setup::require_root(&format!("install the VM kernel's modules in {}", installed.display()))?;
+    let extracted = kernel.vmlinuz.parent().and_then(Path::parent).context("vmlinuz path has no parent")?;
     let source = ["lib/modules", "usr/lib/modules"]
         .iter()
         .map(|dir| extracted.join(dir).join(&kernel.release))
         .find(|dir| dir.is_dir())
-        .with_context(|| {
-            format!(
-                "no lib/modules/{} in {}",
-                kernel.release,
-                extracted.display()
-            )
-        })?;
+        .with_context(|| format!("no lib/modules/{} in {}", kernel.release, extracted.display()))?;
     fs::create_dir_all("/lib/modules").context("cannot create /lib/modules")?;
-    util::run(
-        Command::new("cp")
-            .arg("-a")
-            .arg(&source)
-            .arg("/lib/modules/"),
-    )?;
+    util::run(Command::new("cp").arg("-a").arg(&source).arg("/lib/modules/"))?;
     let depmod = util::find_program("depmod").unwrap_or_else(|| PathBuf::from("/usr/sbin/depmod"));
     util::run(&mut util::command(depmod, &[&kernel.release]))?;
     if !installed.join("modules.dep").is_file() {
-        bail!(
-            "depmod {} wrote no {}/modules.dep",
-            kernel.release,
-            installed.display()
-        );
+        bail!("depmod {} wrote no {}/modules.dep", kernel.release, installed.display());
     }
-    eprintln!(
-        "vm: installed modules for {} in {}",
-        kernel.release,
-        installed.display()
-    );
+    eprintln!("vm: installed modules for {} in {}", kernel.release, installed.display());
     Ok(())
 }
 
@@ -356,17 +268,13 @@ pub fn ensure_virtme_ng() -> anyhow::Result<PathBuf> {
     let vng = venv.join("bin").join("vng");
     let pip = venv.join("bin").join("pip");
     if installed_virtme_ng_version(&venv).as_deref() == Some(VIRTME_NG_VERSION) && vng.is_file() {
-        eprintln!(
-            "vm: virtme-ng {VIRTME_NG_VERSION} already there ({})",
-            vng.display()
-        );
+        eprintln!("vm: virtme-ng {VIRTME_NG_VERSION} already there ({})", vng.display());
         return Ok(vng);
     }
     if !pip.is_file() {
         // A venv made before python3-venv was installed has no pip: start again.
         if venv.exists() {
-            fs::remove_dir_all(&venv)
-                .with_context(|| format!("cannot remove {}", venv.display()))?;
+            fs::remove_dir_all(&venv).with_context(|| format!("cannot remove {}", venv.display()))?;
         }
         eprintln!("vm: creating the Python venv {}", venv.display());
         util::run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
@@ -374,20 +282,12 @@ pub fn ensure_virtme_ng() -> anyhow::Result<PathBuf> {
     eprintln!("vm: installing virtme-ng {VIRTME_NG_VERSION} from PyPI");
     util::run(&mut util::command(
         &pip,
-        &[
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            &format!("virtme-ng=={VIRTME_NG_VERSION}"),
-        ],
+        &["install", "--quiet", "--disable-pip-version-check", &format!("virtme-ng=={VIRTME_NG_VERSION}")],
     ))?;
     if !vng.is_file() {
         bail!("pip installed virtme-ng but there is no {}", vng.display());
     }
-    eprintln!(
-        "vm: installed virtme-ng {VIRTME_NG_VERSION} ({})",
-        vng.display()
-    );
+    eprintln!("vm: installed virtme-ng {VIRTME_NG_VERSION} ({})", vng.display());
     Ok(vng)
 }
 
@@ -402,10 +302,7 @@ fn installed_virtme_ng_version(venv: &Path) -> Option<String> {
         for entry in entries.filter_map(Result::ok) {
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            if let Some(version) = name
-                .strip_prefix("virtme_ng-")
-                .and_then(|rest| rest.strip_suffix(".dist-info"))
-            {
+            if let Some(version) = name.strip_prefix("virtme_ng-").and_then(|rest| rest.strip_suffix(".dist-info")) {
                 return Some(version.to_owned());
             }
         }
@@ -457,12 +354,9 @@ impl RunFiles {
 fn run_vm(script: &str, rwdir: &Path, timeout: Duration, live: bool) -> anyhow::Result<VmRun> {
     let vm = ensure_vm()?;
     fs::create_dir_all(rwdir).with_context(|| format!("cannot create {}", rwdir.display()))?;
-    let rwdir = rwdir
-        .canonicalize()
-        .with_context(|| format!("cannot resolve {}", rwdir.display()))?;
+    let rwdir = rwdir.canonicalize().with_context(|| format!("cannot resolve {}", rwdir.display()))?;
     let files = RunFiles::new(&rwdir);
-    fs::create_dir_all(&files.dir)
-        .with_context(|| format!("cannot create {}", files.dir.display()))?;
+    fs::create_dir_all(&files.dir).with_context(|| format!("cannot create {}", files.dir.display()))?;
     for stale in [&files.output, &files.exit_code, &files.console] {
         match fs::remove_file(stale) {
             Ok(()) => {}
@@ -470,13 +364,12 @@ fn run_vm(script: &str, rwdir: &Path, timeout: Duration, live: bool) -> anyhow::
             Err(e) => return Err(e).with_context(|| format!("cannot remove {}", stale.display())),
         }
     }
-    fs::write(&files.script, script)
-        .with_context(|| format!("cannot write {}", files.script.display()))?;
+    fs::write(&files.script, script).with_context(|| format!("cannot write {}", files.script.display()))?;
     fs::write(&files.wrapper, wrapper_script(&files)?)
         .with_context(|| format!("cannot write {}", files.wrapper.display()))?;
 
-    let console = fs::File::create(&files.console)
-        .with_context(|| format!("cannot create {}", files.console.display()))?;
+    let console =
+        fs::File::create(&files.console).with_context(|| format!("cannot create {}", files.console.display()))?;
     let exec = format!("bash {}", util::shell_quote_path(&files.wrapper)?);
     let mut cmd = Command::new(&vm.vng);
     cmd.arg("--run")
@@ -491,11 +384,7 @@ fn run_vm(script: &str, rwdir: &Path, timeout: Duration, live: bool) -> anyhow::
         // vng runs qemu-system-x86_64 from PATH; the venv's bin holds vng's helpers.
         .env("PATH", vng_path(&vm.vng))
         .stdin(Stdio::null())
-        .stdout(
-            console
-                .try_clone()
-                .context("cannot duplicate a file handle")?,
-        )
+        .stdout(console.try_clone().context("cannot duplicate a file handle")?)
         .stderr(console);
     eprintln!(
         "vm: booting {} (TCG, {VM_CPUS} CPUs, {VM_MEMORY}), timeout {} s; console log: {}",
@@ -504,9 +393,7 @@ fn run_vm(script: &str, rwdir: &Path, timeout: Duration, live: bool) -> anyhow::
         files.console.display()
     );
     let shown = util::display_command(&cmd);
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("cannot start `{shown}`"))?;
+    let mut child = cmd.spawn().with_context(|| format!("cannot start `{shown}`"))?;
     let started = Instant::now();
     let mut echo = live.then(|| LiveEcho::new(files.output.clone()));
     let status = loop {
@@ -544,10 +431,8 @@ fn run_vm(script: &str, rwdir: &Path, timeout: Duration, live: bool) -> anyhow::
             tail(&read_lossy(&files.console), 60)
         );
     };
-    let exit_code = code
-        .trim()
-        .parse()
-        .with_context(|| format!("bad exit code {code:?} in {}", files.exit_code.display()))?;
+    let exit_code =
+        code.trim().parse().with_context(|| format!("bad exit code {code:?} in {}", files.exit_code.display()))?;
     Ok(VmRun { exit_code, output })
 }
 
@@ -558,9 +443,7 @@ fn wrapper_script(files: &RunFiles) -> anyhow::Result<String> {
     let path = util::path_with_cargo_bin();
     let path = path.to_str().context("PATH is not UTF-8")?;
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".to_owned());
-    let mut s = String::from(
-        "#!/bin/bash\n# Written by `cargo xtask` (xtask/src/vm.rs); runs in the VM guest.\n",
-    );
+    let mut s = String::from("#!/bin/bash\n# Written by `cargo xtask` (xtask/src/vm.rs); runs in the VM guest.\n");
     writeln!(s, "export PATH={}", util::shell_quote(path))?;
     writeln!(s, "export HOME={}", util::shell_quote(&home))?;
     for name in PASSED_ENV {
@@ -651,8 +534,7 @@ fn children_of(parent: i32) -> Vec<i32> {
         .filter(|&pid| {
             fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
                 // Fields after the command (which may hold spaces) in parentheses: state ppid ...
-                stat.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok())
+                stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok())
                     == Some(parent)
             })
         })
@@ -660,9 +542,7 @@ fn children_of(parent: i32) -> Vec<i32> {
 }
 
 fn read_lossy(path: &Path) -> String {
-    fs::read(path)
-        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-        .unwrap_or_default()
+    fs::read(path).map(|bytes| String::from_utf8_lossy(&bytes).into_owned()).unwrap_or_default()
 }
 
 /// The last `lines` lines of `text`.
@@ -678,15 +558,9 @@ mod tests {
     #[test]
     fn kernel_dependency() {
         let out = "linux-image-amd64\n  Depends: linux-image-6.1.0-56-amd64\n";
-        assert_eq!(
-            parse_kernel_dependency(out).as_deref(),
-            Some("linux-image-6.1.0-56-amd64")
-        );
+        assert_eq!(parse_kernel_dependency(out).as_deref(), Some("linux-image-6.1.0-56-amd64"));
         assert_eq!(parse_kernel_dependency("linux-image-amd64\n"), None);
-        assert_eq!(
-            parse_kernel_dependency("x\n  Depends: <linux-image-6.1-virtual>\n"),
-            None
-        );
+        assert_eq!(parse_kernel_dependency("x\n  Depends: <linux-image-6.1-virtual>\n"), None);
     }
 
     #[test]
