@@ -34,6 +34,27 @@ pub struct RuleSpec {
     pub dscp: Option<u8>,
 }
 
+impl RuleSpec {
+    /// A rule on interface slot 0 that matches every packet (each field `None`), at position
+    /// `index`; set fields with struct update syntax.
+    #[must_use]
+    pub fn new(index: u32, class: u32) -> Self {
+        Self {
+            index,
+            line: index as usize + 1,
+            class,
+            iface_slot: 0,
+            src: None,
+            dst: None,
+            proto: None,
+            sport: None,
+            dport: None,
+            mark: None,
+            dscp: None,
+        }
+    }
+}
+
 /// Why a rule set cannot be compiled.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CompileError {
@@ -331,22 +352,6 @@ mod tests {
 
     use super::*;
 
-    fn rule(index: u32, class: u32) -> RuleSpec {
-        RuleSpec {
-            index,
-            line: index as usize + 1,
-            class,
-            iface_slot: 0,
-            src: None,
-            dst: None,
-            proto: None,
-            sport: None,
-            dport: None,
-            mark: None,
-            dscp: None,
-        }
-    }
-
     fn v4(src: [u8; 4], dst: [u8; 4], proto: u8, ports: Option<(u16, u16)>) -> PacketFields {
         PacketFields {
             src: Some(IpAddr::V4(Ipv4Addr::from(src))),
@@ -360,9 +365,9 @@ mod tests {
     #[test]
     fn first_rule_in_file_order_wins_over_longer_prefix() {
         let rules = vec![
-            RuleSpec { src: Some("10.0.0.0/8".parse().unwrap()), ..rule(0, 1) },
-            RuleSpec { src: Some("10.1.0.0/16".parse().unwrap()), ..rule(1, 2) },
-            RuleSpec { src: Some("10.1.2.3/32".parse().unwrap()), ..rule(2, 3) },
+            RuleSpec { src: Some("10.0.0.0/8".parse().unwrap()), ..RuleSpec::new(0, 1) },
+            RuleSpec { src: Some("10.1.0.0/16".parse().unwrap()), ..RuleSpec::new(1, 2) },
+            RuleSpec { src: Some("10.1.2.3/32".parse().unwrap()), ..RuleSpec::new(2, 3) },
         ];
         let c = compile(&rules).unwrap();
         let p = v4([10, 1, 2, 3], [1, 1, 1, 1], 6, Some((1, 2)));
@@ -375,7 +380,10 @@ mod tests {
     #[test]
     fn ten_thousand_hosts_are_one_tuple() {
         let rules: Vec<RuleSpec> = (0..10_000u32)
-            .map(|i| RuleSpec { src: Some(IpNet::from(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)))), ..rule(i, i % 7) })
+            .map(|i| RuleSpec {
+                src: Some(IpNet::from(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)))),
+                ..RuleSpec::new(i, i % 7)
+            })
             .collect();
         let c = compile(&rules).unwrap();
         assert_eq!(c.tuples.len(), 1);
@@ -387,9 +395,9 @@ mod tests {
     #[test]
     fn port_ranges_split_into_intervals() {
         let rules = vec![
-            RuleSpec { dport: Some((3072, 4095)), proto: Some(6), ..rule(0, 1) },
-            RuleSpec { dport: Some((4000, 5000)), ..rule(1, 2) },
-            RuleSpec { sport: Some((53, 53)), ..rule(2, 3) },
+            RuleSpec { dport: Some((3072, 4095)), proto: Some(6), ..RuleSpec::new(0, 1) },
+            RuleSpec { dport: Some((4000, 5000)), ..RuleSpec::new(1, 2) },
+            RuleSpec { sport: Some((53, 53)), ..RuleSpec::new(2, 3) },
         ];
         let c = compile(&rules).unwrap();
         let at = |proto, sp, dp| c.lookup(&v4([1, 2, 3, 4], [5, 6, 7, 8], proto, Some((sp, dp)))).map(|t| t.class);
@@ -407,8 +415,8 @@ mod tests {
     #[test]
     fn families_do_not_mix() {
         let rules = vec![
-            RuleSpec { dst: Some("::/0".parse().unwrap()), ..rule(0, 6) },
-            RuleSpec { dst: Some("0.0.0.0/0".parse().unwrap()), ..rule(1, 4) },
+            RuleSpec { dst: Some("::/0".parse().unwrap()), ..RuleSpec::new(0, 6) },
+            RuleSpec { dst: Some("0.0.0.0/0".parse().unwrap()), ..RuleSpec::new(1, 4) },
         ];
         let c = compile(&rules).unwrap();
         assert_eq!(c.lookup(&v4([1, 2, 3, 4], [5, 6, 7, 8], 6, None)).unwrap().class, 4);
@@ -421,7 +429,7 @@ mod tests {
         let mixed = vec![RuleSpec {
             src: Some("::/0".parse().unwrap()),
             dst: Some("0.0.0.0/0".parse().unwrap()),
-            ..rule(0, 1)
+            ..RuleSpec::new(0, 1)
         }];
         assert_eq!(compile(&mixed).unwrap_err(), CompileError::MixedFamilies { index: 0, line: 1 });
     }
@@ -431,7 +439,7 @@ mod tests {
         let rules: Vec<RuleSpec> = (0..=32u8)
             .map(|len| RuleSpec {
                 src: Some(IpNet::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), len).unwrap()),
-                ..rule(u32::from(len), 0)
+                ..RuleSpec::new(u32::from(len), 0)
             })
             .collect();
         assert!(matches!(compile(&rules), Err(CompileError::TooManyTuples { count: 33, .. })));
@@ -462,7 +470,7 @@ mod tests {
                 dport,
                 mark,
                 dscp,
-                ..rule(0, class)
+                ..RuleSpec::new(0, class)
             })
     }
 

@@ -22,22 +22,6 @@ const LO: u32 = 1;
 const DEFAULT: u32 = 9;
 const SECOND: u64 = 1_000_000_000;
 
-fn rule(index: u32, class: u32) -> RuleSpec {
-    RuleSpec {
-        index,
-        line: index as usize + 1,
-        class,
-        iface_slot: 0,
-        src: None,
-        dst: None,
-        proto: None,
-        sport: None,
-        dport: None,
-        mark: None,
-        dscp: None,
-    }
-}
-
 /// A datapath with `rules` loaded, the loopback device shaped with default class `DEFAULT`,
 /// and classes 0..=DEFAULT unpaced unless set later.
 fn datapath(rules: &[RuleSpec]) -> Datapath {
@@ -67,14 +51,14 @@ const TCP: L4 = L4::Tcp { sport: 40000, dport: 443 };
 #[test]
 fn classifies_by_each_rule_kind() {
     let rules = vec![
-        RuleSpec { src: Some("192.168.1.110/32".parse().unwrap()), ..rule(0, 1) },
-        RuleSpec { dst: Some("10.20.0.0/16".parse().unwrap()), ..rule(1, 2) },
-        RuleSpec { proto: Some(1), ..rule(2, 3) },
-        RuleSpec { dport: Some((3072, 4095)), ..rule(3, 4) },
-        RuleSpec { sport: Some((53, 53)), proto: Some(17), ..rule(4, 5) },
-        RuleSpec { mark: Some(0x42), ..rule(5, 6) },
-        RuleSpec { dscp: Some(46), ..rule(6, 7) },
-        RuleSpec { src: Some("fd00:1::/64".parse().unwrap()), ..rule(7, 8) },
+        RuleSpec { src: Some("192.168.1.110/32".parse().unwrap()), ..RuleSpec::new(0, 1) },
+        RuleSpec { dst: Some("10.20.0.0/16".parse().unwrap()), ..RuleSpec::new(1, 2) },
+        RuleSpec { proto: Some(1), ..RuleSpec::new(2, 3) },
+        RuleSpec { dport: Some((3072, 4095)), ..RuleSpec::new(3, 4) },
+        RuleSpec { sport: Some((53, 53)), proto: Some(17), ..RuleSpec::new(4, 5) },
+        RuleSpec { mark: Some(0x42), ..RuleSpec::new(5, 6) },
+        RuleSpec { dscp: Some(46), ..RuleSpec::new(6, 7) },
+        RuleSpec { src: Some("fd00:1::/64".parse().unwrap()), ..RuleSpec::new(7, 8) },
     ];
     let dp = datapath(&rules);
     let ctx = SkbCtx::default();
@@ -99,10 +83,10 @@ fn classifies_by_each_rule_kind() {
 #[test]
 fn first_rule_in_file_order_wins() {
     let rules = vec![
-        RuleSpec { src: Some("10.0.0.0/8".parse().unwrap()), ..rule(0, 1) },
-        RuleSpec { src: Some("10.1.2.3/32".parse().unwrap()), ..rule(1, 2) },
-        RuleSpec { dport: Some((443, 443)), ..rule(2, 3) },
-        RuleSpec { src: Some("10.1.2.4/32".parse().unwrap()), dport: Some((443, 443)), ..rule(3, 4) },
+        RuleSpec { src: Some("10.0.0.0/8".parse().unwrap()), ..RuleSpec::new(0, 1) },
+        RuleSpec { src: Some("10.1.2.3/32".parse().unwrap()), ..RuleSpec::new(1, 2) },
+        RuleSpec { dport: Some((443, 443)), ..RuleSpec::new(2, 3) },
+        RuleSpec { src: Some("10.1.2.4/32".parse().unwrap()), dport: Some((443, 443)), ..RuleSpec::new(3, 4) },
     ];
     let dp = datapath(&rules);
     let ctx = SkbCtx::default();
@@ -114,8 +98,8 @@ fn first_rule_in_file_order_wins() {
 #[test]
 fn vlan_tag_and_ipv6_extension_headers_are_skipped() {
     let rules = vec![
-        RuleSpec { src: Some("192.0.2.1/32".parse().unwrap()), ..rule(0, 1) },
-        RuleSpec { dport: Some((5001, 5001)), ..rule(1, 2) },
+        RuleSpec { src: Some("192.0.2.1/32".parse().unwrap()), ..RuleSpec::new(0, 1) },
+        RuleSpec { dport: Some((5001, 5001)), ..RuleSpec::new(1, 2) },
     ];
     let dp = datapath(&rules);
     let ctx = SkbCtx::default();
@@ -135,8 +119,8 @@ fn vlan_tag_and_ipv6_extension_headers_are_skipped() {
 #[test]
 fn malformed_and_truncated_packets_go_to_the_default_class() {
     let rules = vec![
-        RuleSpec { src: Some("10.0.0.1/32".parse().unwrap()), ..rule(0, 1) },
-        RuleSpec { proto: Some(6), ..rule(1, 2) },
+        RuleSpec { src: Some("10.0.0.1/32".parse().unwrap()), ..RuleSpec::new(0, 1) },
+        RuleSpec { proto: Some(6), ..RuleSpec::new(1, 2) },
     ];
     let dp = datapath(&rules);
     let ctx = SkbCtx::default();
@@ -187,7 +171,7 @@ fn ten_thousand_host_rules_classify_like_ten() {
     let rules: Vec<RuleSpec> = (0..10_000u32)
         .map(|i| RuleSpec {
             src: Some(ipnet::IpNet::from(std::net::IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)))),
-            ..rule(i, i % 8)
+            ..RuleSpec::new(i, i % 8)
         })
         .collect();
     let dp = datapath(&rules);

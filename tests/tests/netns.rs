@@ -32,19 +32,7 @@ fn rx_bytes(ns: &Netns, ifname: &str) -> u64 {
 }
 
 fn rule(index: u32, class: u32, src: &str) -> RuleSpec {
-    RuleSpec {
-        index,
-        line: 1,
-        class,
-        iface_slot: 0,
-        src: Some(src.parse().unwrap()),
-        dst: None,
-        proto: None,
-        sport: None,
-        dport: None,
-        mark: None,
-        dscp: None,
-    }
+    RuleSpec { src: Some(src.parse().unwrap()), ..RuleSpec::new(index, class) }
 }
 
 #[test]

@@ -28,36 +28,15 @@ const LO: u32 = 1;
 fn host_rules(n: u32) -> Vec<RuleSpec> {
     (0..n)
         .map(|i| RuleSpec {
-            index: i,
-            line: 0,
-            class: i % 16,
-            iface_slot: 0,
             src: Some(IpNet::from(std::net::IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)))),
-            dst: None,
-            proto: None,
-            sport: None,
-            dport: None,
-            mark: None,
-            dscp: None,
+            ..RuleSpec::new(i, i % 16)
         })
         .collect()
 }
 
 /// A household/office mix: hosts, a subnet, ports, DSCP and a mark, six tuple shapes.
 fn mixed_rules() -> Vec<RuleSpec> {
-    let base = RuleSpec {
-        index: 0,
-        line: 0,
-        class: 1,
-        iface_slot: 0,
-        src: None,
-        dst: None,
-        proto: None,
-        sport: None,
-        dport: None,
-        mark: None,
-        dscp: None,
-    };
+    let base = RuleSpec::new(0, 1);
     let mut rules = vec![
         RuleSpec { dscp: Some(46), class: 2, ..base.clone() },
         RuleSpec { proto: Some(17), dport: Some((53, 53)), class: 3, ..base.clone() },
