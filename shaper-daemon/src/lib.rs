@@ -16,3 +16,4 @@ pub mod daemon;
 pub mod qdisc;
 pub mod rate;
 pub mod rules;
+pub mod tree;

@@ -94,12 +94,16 @@ fn host_tests() -> anyhow::Result<()> {
     if !util::is_root() {
         eprintln!("warning: not root: the kernel tests need root and will fail");
     }
+    // The integration tests run shaperd and shaperctl, which live in another package: cargo
+    // builds a package's binaries only for that package's own integration tests.
+    crate::demo::build_bins()?;
     // --no-fail-fast: report every failing test binary, not just the first.
     cargo(&["test", "--workspace", "--no-fail-fast", "--", "--test-threads=1"])
 }
 
 /// Builds the VM test binary on the host, runs it in the VM and checks it passed tests.
 fn vm_tests(timeout: Duration) -> anyhow::Result<()> {
+    crate::demo::build_bins()?;
     let exe = build_vm_tests()?;
     let root = util::workspace_root();
     let script = format!(

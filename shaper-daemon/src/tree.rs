@@ -1,0 +1,347 @@
+//! The class tree and the allocator: who gets how much of the link, given what each leaf
+//! wants. Pure: no I/O, no clock, no BPF; the daemon feeds it demands every tick.
+//!
+//! The semantics are HTB's, as its users know them:
+//! 1. every class first gets `min(demand, rate)`, its guarantee;
+//! 2. what a parent has left over goes to its children that want more, lowest `prio` first,
+//!    and within one prio in proportion to `weight` (HTB's quantum, by default proportional
+//!    to `rate`), each capped at its `ceil` and at its demand;
+//! 3. recursively, down to the leaves;
+//! 4. nothing is left idle while some class below its ceil still wants more.
+//!
+//! Rates are integers (bits per second); shares are computed in 128-bit arithmetic and
+//! rounded down, and the remainders handed out one by one, so that the sum of the children's
+//! allocations is exactly what their parent could give.
+
+use crate::config::{Class, Config};
+
+/// One node of a class tree: a class, or the interface at the root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    /// Guaranteed rate, bits/s.
+    pub rate: u64,
+    /// Never exceeded, bits/s; at least `rate`.
+    pub ceil: u64,
+    /// Lower is offered spare bandwidth first.
+    pub prio: u8,
+    /// Share of spare bandwidth within one prio; never 0.
+    pub weight: u64,
+    /// Child node indexes; empty for a leaf.
+    pub children: Vec<usize>,
+}
+
+/// A class tree. Node 0 is the root (the interface: its rate and ceil are the link's).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tree {
+    pub nodes: Vec<Node>,
+}
+
+impl Tree {
+    /// The tree of interface `iface` of `config`, with node `i + 1` for the interface's
+    /// `i`-th class in file order. Returns the tree and, per node, the index of its class in
+    /// `config.classes` (`None` for the root).
+    #[must_use]
+    pub fn from_config(config: &Config, iface: &str) -> (Self, Vec<Option<usize>>) {
+        let link = config.interface(iface).map_or(0, |i| i.rate.bits_per_sec());
+        let classes: Vec<(usize, &Class)> =
+            config.classes.iter().enumerate().filter(|(_, c)| c.interface == iface).collect();
+        let mut nodes = vec![Node { rate: link, ceil: link, prio: 0, weight: 1, children: Vec::new() }];
+        let mut ids = vec![None];
+        for (i, c) in &classes {
+            nodes.push(Node {
+                rate: c.rate.bits_per_sec(),
+                ceil: c.ceil.bits_per_sec(),
+                prio: c.prio,
+                weight: c.weight.map_or_else(|| c.rate.bits_per_sec().max(1), u64::from),
+                children: Vec::new(),
+            });
+            ids.push(Some(*i));
+        }
+        for (pos, (_, c)) in classes.iter().enumerate() {
+            let parent =
+                c.parent.as_ref().map_or(0, |p| 1 + classes.iter().position(|(_, x)| &x.name == p).expect("validated"));
+            nodes[parent].children.push(pos + 1);
+        }
+        (Self { nodes }, ids)
+    }
+
+    /// Whether node `i` is a leaf (carries traffic).
+    #[must_use]
+    pub fn is_leaf(&self, i: usize) -> bool {
+        self.nodes[i].children.is_empty()
+    }
+
+    /// What node `i` can use: its own demand for a leaf, its children's for an inner class,
+    /// capped at its ceil.
+    fn want(&self, i: usize, demand: &[u64]) -> u64 {
+        let n = &self.nodes[i];
+        let raw = if n.children.is_empty() {
+            demand[i]
+        } else {
+            n.children.iter().map(|&c| self.want(c, demand)).fold(0u64, u64::saturating_add)
+        };
+        raw.min(n.ceil)
+    }
+
+    /// Allocates the link among the leaves. `demand[i]` is what leaf `i` would send (bits/s;
+    /// ignored for inner nodes). Returns each node's allocation (inner nodes: the sum of
+    /// their children's), so that `alloc[0]` is what the link carries.
+    #[must_use]
+    pub fn allocate(&self, demand: &[u64]) -> Vec<u64> {
+        assert_eq!(demand.len(), self.nodes.len(), "one demand per node");
+        let mut alloc = vec![0u64; self.nodes.len()];
+        let root_cap = self.nodes[0].ceil.min(self.nodes[0].rate);
+        self.give(0, self.want(0, demand).min(root_cap), demand, &mut alloc);
+        alloc
+    }
+
+    /// Gives node `i` exactly `amount` (at most what it wants) and divides it among its
+    /// children.
+    fn give(&self, i: usize, amount: u64, demand: &[u64], alloc: &mut [u64]) {
+        alloc[i] = amount;
+        let n = &self.nodes[i];
+        if n.children.is_empty() {
+            return;
+        }
+        let wants: Vec<u64> = n.children.iter().map(|&c| self.want(c, demand)).collect();
+        // 1. Guarantees.
+        let mut split: Vec<u64> = n.children.iter().zip(&wants).map(|(&c, &w)| w.min(self.nodes[c].rate)).collect();
+        let mut left = amount.saturating_sub(split.iter().sum());
+        // 2. Spare, by prio, then in proportion to weight, water-filling up to each want.
+        let mut prios: Vec<u8> = n.children.iter().map(|&c| self.nodes[c].prio).collect();
+        prios.sort_unstable();
+        prios.dedup();
+        for prio in prios {
+            if left == 0 {
+                break;
+            }
+            let group: Vec<usize> = (0..n.children.len()).filter(|&k| self.nodes[n.children[k]].prio == prio).collect();
+            left = water_fill(&group, &mut split, &wants, |k| self.nodes[n.children[k]].weight, left);
+        }
+        for (k, &c) in n.children.iter().enumerate() {
+            self.give(c, split[k], demand, alloc);
+        }
+    }
+}
+
+/// Shares `left` among `group` (indexes into `share`) in proportion to `weight`, each member
+/// growing at most to `wants[k]`; what capped members cannot take goes to the others.
+/// Returns what is left when every member has what it wants.
+fn water_fill(group: &[usize], share: &mut [u64], wants: &[u64], weight: impl Fn(usize) -> u64, mut left: u64) -> u64 {
+    let mut open: Vec<usize> = group.iter().copied().filter(|&k| share[k] < wants[k]).collect();
+    while left > 0 && !open.is_empty() {
+        let total_weight: u128 = open.iter().map(|&k| u128::from(weight(k))).sum();
+        // Largest step that keeps every member at or under its want: a member whose room is
+        // smaller than its proportional part is filled and leaves the group.
+        let mut given = 0u64;
+        let mut parts: Vec<u64> = open
+            .iter()
+            .map(|&k| u64::try_from(u128::from(left) * u128::from(weight(k)) / total_weight).expect("at most left"))
+            .collect();
+        // Hand out the rounding remainder one unit at a time, so nothing stays idle.
+        let mut remainder = left - parts.iter().sum::<u64>();
+        for p in &mut parts {
+            if remainder == 0 {
+                break;
+            }
+            *p += 1;
+            remainder -= 1;
+        }
+        for (&k, &part) in open.iter().zip(&parts) {
+            let take = part.min(wants[k] - share[k]);
+            share[k] += take;
+            given += take;
+        }
+        left -= given;
+        open.retain(|&k| share[k] < wants[k]);
+        if given == 0 {
+            break;
+        }
+    }
+    left
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const M: u64 = 1_000_000;
+
+    fn leaf(rate: u64, ceil: u64, prio: u8) -> Node {
+        Node { rate, ceil, prio, weight: rate, children: Vec::new() }
+    }
+
+    /// Seed 000: link 10 mbit; alex 1.9, betty 2.9, carl 4.9 at prio 1, guest 0.3 at prio 0,
+    /// all ceil 10 mbit.
+    fn roommates() -> Tree {
+        let mut root = leaf(10 * M, 10 * M, 0);
+        root.children = vec![1, 2, 3, 4];
+        Tree {
+            nodes: vec![
+                root,
+                leaf(1_900_000, 10 * M, 1),
+                leaf(2_900_000, 10 * M, 1),
+                leaf(4_900_000, 10 * M, 1),
+                leaf(300_000, 10 * M, 0),
+            ],
+        }
+    }
+
+    const GREEDY: u64 = 100 * M;
+
+    /// Allocation in units of 10 kbit/s (the table's 0.01 mbit), rounded, for alex, betty,
+    /// carl, guest.
+    fn shares(demand: [u64; 4]) -> [u64; 4] {
+        let t = roommates();
+        let a = t.allocate(&[0, demand[0], demand[1], demand[2], demand[3]]);
+        assert!(a[0] <= 10 * M);
+        [1, 2, 3, 4].map(|i| (a[i] + 5_000) / 10_000)
+    }
+
+    #[test]
+    fn seed_000_table() {
+        assert_eq!(shares([GREEDY, 0, 0, 0]), [1000, 0, 0, 0]);
+        assert_eq!(shares([GREEDY, GREEDY, 0, 0]), [396, 604, 0, 0]);
+        assert_eq!(shares([GREEDY, GREEDY, GREEDY, 0]), [196, 299, 505, 0]);
+        assert_eq!(shares([GREEDY, 0, 0, GREEDY]), [190, 0, 0, 810]);
+        assert_eq!(shares([GREEDY, GREEDY, GREEDY, GREEDY]), [190, 290, 490, 30]);
+        assert_eq!(shares([GREEDY, GREEDY, 2_500_000, 0]), [297, 453, 250, 0]);
+    }
+
+    #[test]
+    fn ceil_caps_borrowing_and_the_rest_goes_to_others() {
+        let mut t = roommates();
+        t.nodes[1].ceil = 3 * M;
+        let a = t.allocate(&[0, GREEDY, GREEDY, 0, 0]);
+        assert_eq!(a[1], 3 * M);
+        assert_eq!(a[2], 7 * M);
+    }
+
+    #[test]
+    fn nested_classes_borrow_inside_their_parent_first() {
+        // root 10: house (rate 6, children a 3 / b 3), office (rate 4)
+        let mut root = leaf(10 * M, 10 * M, 0);
+        root.children = vec![1, 4];
+        let mut house = leaf(6 * M, 10 * M, 0);
+        house.children = vec![2, 3];
+        let t =
+            Tree { nodes: vec![root, house, leaf(3 * M, 10 * M, 0), leaf(3 * M, 10 * M, 0), leaf(4 * M, 10 * M, 0)] };
+        // a greedy, b idle, office greedy: a gets house's 6, office its 4.
+        let a = t.allocate(&[0, 0, GREEDY, 0, GREEDY]);
+        assert_eq!((a[2], a[3], a[4]), (6 * M, 0, 4 * M));
+        // office idle: a borrows everything.
+        let a = t.allocate(&[0, 0, GREEDY, 0, 0]);
+        assert_eq!(a[2], 10 * M);
+    }
+
+    fn arb_tree() -> impl Strategy<Value = (Tree, Vec<u64>)> {
+        // A two-level tree: up to 4 top-level classes with up to 3 children each.
+        let link = 1_000u64..1_000_000_000;
+        (link, prop::collection::vec((1u64..100, 0usize..4, 0u8..3, 1u64..5, 0u64..200), 1..12)).prop_map(
+            |(link, specs)| {
+                let mut nodes = vec![Node { rate: link, ceil: link, prio: 0, weight: 1, children: Vec::new() }];
+                let total_top: u64 = specs.iter().map(|s| s.0).sum();
+                // Top-level classes split the link's guarantee; a class's children split its own.
+                let tops = specs.len().div_ceil(3);
+                for (k, s) in specs.iter().take(tops).enumerate() {
+                    let rate = link * s.0 / total_top / 2 + 1;
+                    let ceil = (rate + link * s.3 / 4).min(link);
+                    nodes.push(Node { rate, ceil, prio: s.2, weight: s.3, children: Vec::new() });
+                    nodes[0].children.push(k + 1);
+                }
+                for s in specs.iter().skip(tops) {
+                    let parent = 1 + s.1 % tops;
+                    let prate = nodes[parent].rate;
+                    let used: u64 = nodes[parent].children.iter().map(|&c| nodes[c].rate).sum();
+                    let rate = (prate - used.min(prate)) * s.0 / 200;
+                    if rate == 0 {
+                        continue;
+                    }
+                    let ceil = nodes[parent].ceil.min(rate + link * s.3 / 4).max(rate);
+                    let id = nodes.len();
+                    nodes.push(Node { rate, ceil, prio: s.2, weight: s.3, children: Vec::new() });
+                    nodes[parent].children.push(id);
+                }
+                let demand =
+                    specs.iter().map(|s| link * s.4 / 100).chain(std::iter::repeat(0)).take(nodes.len()).collect();
+                (Tree { nodes }, demand)
+            },
+        )
+    }
+
+    fn leaves(t: &Tree) -> Vec<usize> {
+        (1..t.nodes.len()).filter(|&i| t.is_leaf(i)).collect()
+    }
+
+    proptest! {
+        #[test]
+        fn conservation_guarantees_ceilings_work_conservation((t, demand) in arb_tree()) {
+            let a = t.allocate(&demand);
+            for (i, n) in t.nodes.iter().enumerate() {
+                // Conservation: children never exceed their parent.
+                if !n.children.is_empty() {
+                    let sum: u64 = n.children.iter().map(|&c| a[c]).sum();
+                    prop_assert_eq!(sum, a[i], "node {} gives out exactly what it has", i);
+                }
+                // Ceilings.
+                prop_assert!(a[i] <= n.ceil, "node {} over its ceil", i);
+            }
+            prop_assert!(a[0] <= t.nodes[0].rate);
+            for &l in &leaves(&t) {
+                // Never more than asked for; guarantees honoured.
+                prop_assert!(a[l] <= demand[l]);
+                prop_assert!(a[l] >= demand[l].min(t.nodes[l].rate), "leaf {} below min(demand, rate)", l);
+            }
+            // Work conservation: a leaf left wanting has a saturated node on its way to the
+            // root (itself or an ancestor at its ceil, or the link full).
+            let mut parent = vec![usize::MAX; t.nodes.len()];
+            for (i, n) in t.nodes.iter().enumerate() {
+                for &c in &n.children {
+                    parent[c] = i;
+                }
+            }
+            for &l in &leaves(&t) {
+                if a[l] < demand[l] {
+                    let mut x = l;
+                    let mut saturated = false;
+                    loop {
+                        if a[x] == t.nodes[x].ceil || (x == 0 && a[0] == t.nodes[0].rate) {
+                            saturated = true;
+                            break;
+                        }
+                        if x == 0 {
+                            break;
+                        }
+                        x = parent[x];
+                    }
+                    prop_assert!(saturated, "leaf {} wants {} but has {} with nothing saturated: {:?}", l, demand[l], a[l], a);
+                }
+            }
+        }
+
+        /// Two greedy siblings at the same prio, nothing else: spare splits in proportion to
+        /// weight; a lower prio is served before a higher one.
+        #[test]
+        fn proportional_and_priority(w1 in 1u64..100, w2 in 1u64..100, r1 in 1u64..40, r2 in 1u64..40, p2 in 0u8..2) {
+            let link = 100 * M;
+            let mut root = leaf(link, link, 0);
+            root.children = vec![1, 2];
+            let n1 = Node { rate: r1 * M, ceil: link, prio: 0, weight: w1, children: vec![] };
+            let n2 = Node { rate: r2 * M, ceil: link, prio: p2, weight: w2, children: vec![] };
+            let t = Tree { nodes: vec![root, n1, n2] };
+            let a = t.allocate(&[0, GREEDY * 10, GREEDY * 10]);
+            prop_assert_eq!(a[1] + a[2], link);
+            let spare = link - (r1 + r2) * M;
+            if p2 == 0 {
+                let expect1 = r1 * M + u64::try_from(u128::from(spare) * u128::from(w1) / u128::from(w1 + w2)).unwrap();
+                prop_assert!(a[1].abs_diff(expect1) <= 1, "{} vs {}", a[1], expect1);
+            } else {
+                // Class 1 (prio 0) takes all the spare.
+                prop_assert_eq!(a[1], r1 * M + spare);
+                prop_assert_eq!(a[2], r2 * M);
+            }
+        }
+    }
+}
