@@ -123,19 +123,31 @@ pub struct RuleTarget {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClassConfig {
     /// Current rate in bytes per second; 0 means the class is not in use (packets pass
-    /// unpaced and are counted as `unclassified`).
+    /// unpaced and are counted as `unpaced`).
     pub rate_bytes: u64,
     /// Packets that would leave later than `now + horizon_ns` are dropped.
     pub horizon_ns: u64,
+    /// CoDel on the departure delay: target and interval (RFC 8289); a target of 0 turns the
+    /// AQM off for the class.
+    pub codel_target_ns: u64,
+    pub codel_interval_ns: u64,
 }
 
-/// Per-class pacing state (`CLASS_STATE`, indexed by class id). Several CPUs update it at
-/// once; the datapath changes `next_ns` only with compare-and-exchange.
+/// Per-class pacing and AQM state (`CLASS_STATE`, indexed by class id). Several CPUs update
+/// it at once; the datapath changes it only with atomic operations.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClassState {
     /// Earliest departure time (`CLOCK_MONOTONIC` ns) of the class's next packet.
     pub next_ns: u64,
+    /// CoDel: when the delay, above target since then, has been so for an interval (0: the
+    /// delay is below target).
+    pub first_above_ns: u64,
+    /// CoDel: time of the next congestion signal while in the dropping state (0: not
+    /// dropping).
+    pub drop_next_ns: u64,
+    /// CoDel: signals given in the current dropping state.
+    pub count: u64,
 }
 
 /// Per-class, per-CPU counters (`CLASS_STATS`, a per-CPU array indexed by class id).
@@ -155,6 +167,10 @@ pub struct ClassStats {
     pub delay_ns_total: u64,
     /// Packets that reached a class with no rate set (passed unpaced).
     pub unpaced_packets: u64,
+    /// AQM congestion signals: ECN-capable packets marked CE, others dropped.
+    pub ecn_marked_packets: u64,
+    pub drop_aqm_packets: u64,
+    pub drop_aqm_bytes: u64,
 }
 
 impl ClassStats {
@@ -169,6 +185,9 @@ impl ClassStats {
         self.delayed_packets += o.delayed_packets;
         self.delay_ns_total += o.delay_ns_total;
         self.unpaced_packets += o.unpaced_packets;
+        self.ecn_marked_packets += o.ecn_marked_packets;
+        self.drop_aqm_packets += o.drop_aqm_packets;
+        self.drop_aqm_bytes += o.drop_aqm_bytes;
         self
     }
 }
@@ -178,9 +197,9 @@ const _: () = assert!(core::mem::size_of::<Globals>() == 8);
 const _: () = assert!(core::mem::size_of::<RuleKey>() == RULE_KEY_WORDS * 8);
 const _: () = assert!(core::mem::size_of::<Tuple>() == 56);
 const _: () = assert!(core::mem::size_of::<RuleTarget>() == 8);
-const _: () = assert!(core::mem::size_of::<ClassConfig>() == 16);
-const _: () = assert!(core::mem::size_of::<ClassState>() == 8);
-const _: () = assert!(core::mem::size_of::<ClassStats>() == 64);
+const _: () = assert!(core::mem::size_of::<ClassConfig>() == 32);
+const _: () = assert!(core::mem::size_of::<ClassState>() == 32);
+const _: () = assert!(core::mem::size_of::<ClassStats>() == 88);
 
 #[cfg(feature = "user")]
 mod pod {

@@ -33,7 +33,10 @@
 //! ceil = "10mbit"        # optional, default and "N%" base: the parent's ceil
 //! prio = 1               # optional, 0..=7, lower is served first, default 0
 //! weight = 3             # optional, > 0
-//! horizon = "2s"         # optional, 1ms..=10s, default 2s
+//! horizon = "200ms"      # optional, 1ms..=10s, default 200ms
+//! aqm = true             # optional: CoDel on the departure delay (ECN marks, else drops)
+//! aqm_target = "5ms"     # optional, 100us..=1s, default 5ms
+//! aqm_interval = "100ms" # optional, 1ms..=10s and above the target, default 100ms
 //!
 //! [[rule]]               # first matching rule wins, in file order
 //! class = "alex"         # a leaf class
@@ -85,6 +88,12 @@ pub const DEFAULT_HORIZON: Duration = Duration::from_millis(200);
 pub const TICK_RANGE: RangeInclusive<Duration> = Duration::from_millis(1)..=Duration::from_secs(1);
 /// Valid values of a class's `horizon`.
 pub const HORIZON_RANGE: RangeInclusive<Duration> = Duration::from_millis(1)..=Duration::from_secs(10);
+/// CoDel's defaults (RFC 8289): target delay and interval.
+pub const DEFAULT_AQM: Aqm = Aqm { target: Duration::from_millis(5), interval: Duration::from_millis(100) };
+/// Valid values of a class's `aqm_target`.
+pub const AQM_TARGET_RANGE: RangeInclusive<Duration> = Duration::from_micros(100)..=Duration::from_secs(1);
+/// Valid values of a class's `aqm_interval`.
+pub const AQM_INTERVAL_RANGE: RangeInclusive<Duration> = Duration::from_millis(1)..=Duration::from_secs(10);
 /// Valid values of an interface's `overhead`, in bytes.
 pub const OVERHEAD_RANGE: RangeInclusive<i32> = -64..=256;
 /// Highest class `prio` (HTB's 8 priorities, 0 served first).
@@ -164,8 +173,19 @@ pub struct Class {
     pub weight: Option<u32>,
     /// Packets that would leave later than this are dropped, within [`HORIZON_RANGE`].
     pub horizon: Duration,
+    /// Active queue management on the class's departure delay; `None` when `aqm = false`.
+    pub aqm: Option<Aqm>,
     /// Line of the class's `[[class]]` header (1-based).
     pub line: usize,
+}
+
+/// CoDel's parameters for a class (`aqm_target`, `aqm_interval`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Aqm {
+    /// Acceptable standing delay.
+    pub target: Duration,
+    /// How long the delay may stay above target before congestion signals start.
+    pub interval: Duration,
 }
 
 /// A classification rule (`[[rule]]`). Fields left `None` match anything.
@@ -405,6 +425,9 @@ struct RawClass {
     prio: Option<Spanned<Integer>>,
     weight: Option<Spanned<Integer>>,
     horizon: Option<Spanned<Scalar>>,
+    aqm: Option<Spanned<bool>>,
+    aqm_target: Option<Spanned<Scalar>>,
+    aqm_interval: Option<Spanned<Scalar>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -1005,6 +1028,7 @@ struct ClassDraft {
     prio: u8,
     weight: Option<u32>,
     horizon: Duration,
+    aqm: Option<Aqm>,
     children: Vec<usize>,
 }
 
@@ -1085,6 +1109,7 @@ impl Validator<'_> {
                     prio: c.prio,
                     weight: c.weight,
                     horizon: c.horizon,
+                    aqm: c.aqm,
                     line: c.line,
                 })
                 .collect(),
@@ -1306,6 +1331,28 @@ impl Validator<'_> {
                 self.check(&key("horizon"), horizon, |v| duration_in(v, "horizon", &HORIZON_RANGE, "2s"))?
             }
         };
+        let target = match &class.aqm_target {
+            None => DEFAULT_AQM.target,
+            Some(t) => self.check(&key("aqm_target"), t, |v| duration_in(v, "aqm_target", &AQM_TARGET_RANGE, "5ms"))?,
+        };
+        let interval = match &class.aqm_interval {
+            None => DEFAULT_AQM.interval,
+            Some(i) => {
+                self.check(&key("aqm_interval"), i, |v| duration_in(v, "aqm_interval", &AQM_INTERVAL_RANGE, "100ms"))?
+            }
+        };
+        if target >= interval {
+            let at = class.aqm_target.as_ref().or(class.aqm_interval.as_ref()).map_or(line, |s| self.line(s));
+            return Err(self.error(
+                at,
+                key("aqm_target"),
+                format!("aqm_target {target:?} must be below aqm_interval {interval:?} (CoDel: e.g. 5ms and 100ms)"),
+            ));
+        }
+        let aqm = match class.aqm.as_ref().map(|a| *a.get_ref()) {
+            Some(false) => None,
+            _ => Some(Aqm { target, interval }),
+        };
 
         Ok(ClassDraft {
             name,
@@ -1321,6 +1368,7 @@ impl Validator<'_> {
             prio,
             weight,
             horizon,
+            aqm,
             children: Vec::new(),
         })
     }
@@ -1705,6 +1753,7 @@ rate = "1mbit"
                 prio: 0,
                 weight: None,
                 horizon: Duration::from_millis(200),
+                aqm: Some(DEFAULT_AQM),
                 line: line_of(&text, "[[class]]", 0),
             }]
         );
@@ -1996,6 +2045,21 @@ rate = "2mbit"
         fails_at(&with_horizon("2"), "horizon", "class[0].horizon", &["no unit", "\"2s\""]);
         assert_eq!(ok(&with_horizon("\"10s\"")).classes[0].horizon, Duration::from_secs(10));
         assert_eq!(ok(&with_horizon("\"1.5s\"")).classes[0].horizon, Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn aqm_settings() {
+        let with = |extra: &str| format!("{IFACE}{GUEST}{extra}\n");
+        assert_eq!(ok(&with("")).classes[0].aqm, Some(DEFAULT_AQM));
+        assert_eq!(ok(&with("aqm = false")).classes[0].aqm, None);
+        let custom = ok(&with("aqm_target = \"2ms\"\naqm_interval = \"50ms\""));
+        assert_eq!(
+            custom.classes[0].aqm,
+            Some(Aqm { target: Duration::from_millis(2), interval: Duration::from_millis(50) })
+        );
+        fails_at(&with("aqm_target = \"200ms\""), "aqm_target", "class[0].aqm_target", &["below aqm_interval"]);
+        fails_at(&with("aqm_target = \"5s\""), "aqm_target", "class[0].aqm_target", &["out of range"]);
+        fails_at(&with("aqm_interval = \"20s\""), "aqm_interval", "class[0].aqm_interval", &["out of range"]);
     }
 
     #[test]

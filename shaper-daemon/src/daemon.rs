@@ -4,20 +4,31 @@
 //! [`run`] takes the shutdown signal as a future, so tests drive the daemon the same way
 //! the binary does with SIGTERM.
 
-use std::{future::Future, path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use shaper_common::{ClassConfig, IfaceConfig, IFACE_ENABLED, IFACE_L3};
-use tokio::sync::Mutex;
-use tracing::{info, instrument, warn};
+use tokio::sync::{watch, Mutex};
+use tracing::{debug, info, instrument, warn};
 
 use crate::{
     api::{ApiError, ClassStatus, Handler, Reply, Request, Response, Server, SocketError, Status},
     bpf::{BpfError, Datapath},
-    config::Config,
+    config::{Class, Config},
+    control::{self, Meter, Observation},
     qdisc::{self, FqGuard, QdiscError},
     rate::Rate,
     rules::{self, CompileError, RuleSpec},
+    tree::Tree,
 };
+
+/// How far back the demand of a class is measured. Long enough to smooth GSO bursts and
+/// ticks, short enough that an idle class gives its share back within a few ticks.
+const METER_WINDOW: Duration = Duration::from_millis(50);
 
 /// Why the daemon could not start (or stop cleanly).
 #[derive(Debug, thiserror::Error)]
@@ -46,12 +57,80 @@ struct ClassEntry {
     leaf: bool,
     /// The rate the datapath paces the class at.
     current: Rate,
+    /// The allocator's last share for the class (inner classes: their children's sum).
+    allocated: Rate,
+    meter: Meter,
+}
+
+/// One interface's class tree; node `n` stands for class `classes[n]` (root: `None`).
+struct IfaceTree {
+    tree: Tree,
+    classes: Vec<Option<usize>>,
 }
 
 struct State {
     config: Config,
     classes: Vec<ClassEntry>,
+    trees: Vec<IfaceTree>,
     datapath: Datapath,
+}
+
+fn class_config(class: &Class, rate: Rate) -> ClassConfig {
+    let (target, interval) = class.aqm.map_or((0, 0), |a| codel_params(horizon_ns(a.target), horizon_ns(a.interval), rate));
+    ClassConfig {
+        rate_bytes: rate.bytes_per_sec(),
+        horizon_ns: horizon_ns(class.horizon),
+        codel_target_ns: target,
+        codel_interval_ns: interval,
+    }
+}
+
+/// CoDel's target and interval for a class paced at `rate`. A target shorter than the time a
+/// couple of full-size frames take at that rate would signal congestion on every other
+/// packet and starve TCP at low rates (at 300 kbit/s one frame takes 40 ms), so the target
+/// is at least 1.5 frame times and the interval grows with it, as CAKE does
+/// (`cake_set_rate`).
+fn codel_params(target_ns: u64, interval_ns: u64, rate: Rate) -> (u64, u64) {
+    const FRAME_BITS: u64 = 1514 * 8;
+    let frame_ns = u64::try_from(u128::from(FRAME_BITS) * 1_000_000_000 / u128::from(rate.bits_per_sec().max(1)))
+        .unwrap_or(u64::MAX);
+    let target = target_ns.max(frame_ns.saturating_mul(3) / 2);
+    let interval = (interval_ns + (target - target_ns)).max(target.saturating_mul(2));
+    (target, interval)
+}
+
+fn trees(config: &Config) -> Vec<IfaceTree> {
+    config
+        .interfaces
+        .iter()
+        .map(|i| {
+            let (tree, classes) = Tree::from_config(config, &i.name);
+            IfaceTree { tree, classes }
+        })
+        .collect()
+}
+
+/// fq limits that hold every packet the horizons admit (see [`qdisc::FqLimits`]): the
+/// fastest class's ceil over its horizon, in 1000-byte packets, per flow (a class may be a
+/// single flow), and four times that in all.
+fn fq_limits(config: &Config, iface: &str) -> qdisc::FqLimits {
+    let most_bytes = config
+        .classes
+        .iter()
+        .filter(|c| c.interface == iface)
+        .map(|c| u128::from(c.ceil.bits_per_sec() / 8) * c.horizon.as_nanos() / 1_000_000_000)
+        .max()
+        .unwrap_or(0);
+    let flow = u32::try_from(most_bytes / 1000).unwrap_or(u32::MAX).clamp(1_000, 100_000);
+    qdisc::FqLimits { packets: flow.saturating_mul(4).max(10_000), flow_packets: flow }
+}
+
+/// `CLOCK_MONOTONIC` now, in ns: the clock of the datapath's departure times.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
 struct Shared {
@@ -121,7 +200,7 @@ pub async fn run(config: Config, socket: PathBuf, shutdown: impl Future<Output =
     let mut guards: Vec<FqGuard> = Vec::new();
     let started = async {
         for iface in &config.interfaces {
-            guards.push(qdisc::ensure_fq(&iface.name, iface.replace_qdisc).await?);
+            guards.push(qdisc::ensure_fq(&iface.name, iface.replace_qdisc, fq_limits(&config, &iface.name)).await?);
         }
         for (slot, (iface, &index)) in config.interfaces.iter().zip(&ifindexes).enumerate() {
             let default = config.classes.iter().position(|c| c.name == iface.default_class).expect("validated");
@@ -142,12 +221,15 @@ pub async fn run(config: Config, socket: PathBuf, shutdown: impl Future<Output =
             let id = u32::try_from(id).expect("at most MAX_CLASSES");
             let leaf = config.is_leaf(&class.name);
             if leaf {
-                datapath.set_class(
-                    id,
-                    ClassConfig { rate_bytes: class.rate.bytes_per_sec(), horizon_ns: horizon_ns(class.horizon) },
-                )?;
+                datapath.set_class(id, class_config(class, class.rate))?;
             }
-            classes.push(ClassEntry { id, leaf, current: if leaf { class.rate } else { Rate::ZERO } });
+            classes.push(ClassEntry {
+                id,
+                leaf,
+                current: if leaf { class.rate } else { Rate::ZERO },
+                allocated: Rate::ZERO,
+                meter: Meter::new(METER_WINDOW),
+            });
         }
         for iface in &config.interfaces {
             let mode = datapath.attach(&iface.name)?;
@@ -167,13 +249,50 @@ pub async fn run(config: Config, socket: PathBuf, shutdown: impl Future<Output =
     };
     info!(config = %config.path.display(), socket = %socket.display(), classes = classes.len(), rules = config.rules.len(), "shaping");
 
-    let shared = Arc::new(Shared { state: Mutex::new(State { config, classes, datapath }) });
-    server.serve(Arc::clone(&shared), shutdown).await;
+    let tick = config.daemon.tick;
+    let trees = trees(&config);
+    let shared = Arc::new(Shared { state: Mutex::new(State { config, classes, trees, datapath }) });
+    let (stop, stopped) = watch::channel(false);
+    let control = tokio::spawn(control_loop(Arc::clone(&shared), tick, stopped.clone()));
+    let mut server_stopped = stopped;
+    tokio::join!(
+        async {
+            shutdown.await;
+            let _ = stop.send(true);
+        },
+        server.serve(Arc::clone(&shared), async move {
+            let _ = server_stopped.wait_for(|s| *s).await;
+        }),
+    );
+    if let Err(e) = control.await {
+        warn!(error = %e, "the control loop ended abnormally");
+    }
     drop(server);
     info!("shutting down");
     let mut state = shared.state.lock().await;
     teardown(&mut state.datapath, guards).await;
     Ok(())
+}
+
+/// Every `tick`: measure each leaf's demand, run the allocator, write the new rates.
+async fn control_loop(shared: Arc<Shared>, tick: Duration, mut stopped: watch::Receiver<bool>) {
+    let mut interval = tokio::time::interval(tick);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            changed = stopped.changed() => {
+                if changed.is_err() || *stopped.borrow() {
+                    return;
+                }
+            }
+            _ = interval.tick() => {
+                let mut state = shared.state.lock().await;
+                if let Err(e) = state.control_tick(Instant::now()) {
+                    warn!(error = %e, "control tick");
+                }
+            }
+        }
+    }
 }
 
 /// Detaches the program, removes the clsact qdiscs it added and restores the root qdiscs.
@@ -197,11 +316,52 @@ async fn teardown(datapath: &mut Datapath, guards: Vec<FqGuard>) {
 }
 
 impl State {
+    /// One round of the control loop.
+    fn control_tick(&mut self, now: Instant) -> Result<(), BpfError> {
+        let mono = monotonic_ns();
+        for t in &self.trees {
+            let mut demand = vec![0u64; t.tree.nodes.len()];
+            for (node, class) in t.classes.iter().enumerate() {
+                let Some(c) = *class else { continue };
+                let entry = &mut self.classes[c];
+                if !entry.leaf {
+                    continue;
+                }
+                let stats = self.datapath.class_stats(entry.id)?;
+                let clock = self.datapath.class_state(entry.id)?.next_ns;
+                let offered = stats.bytes + stats.drop_horizon_bytes + stats.drop_aqm_bytes;
+                let o = Observation {
+                    offered: entry.meter.update(now, offered),
+                    backlog_ns: clock.saturating_sub(mono),
+                    pacing: entry.current.bits_per_sec(),
+                };
+                demand[node] = control::demand(&o);
+            }
+            let alloc = t.tree.allocate(&demand);
+            for (node, class) in t.classes.iter().enumerate() {
+                let Some(c) = *class else { continue };
+                let entry = &mut self.classes[c];
+                entry.allocated = Rate::from_bits_per_sec(alloc[node]);
+                if !entry.leaf {
+                    continue;
+                }
+                let spec = &self.config.classes[c];
+                let pacing = Rate::from_bits_per_sec(control::pacing_rate(alloc[node], spec.rate.bits_per_sec()));
+                if pacing != entry.current {
+                    self.datapath.set_class(entry.id, class_config(spec, pacing))?;
+                    debug!(class = %spec.name, from = %entry.current, to = %pacing, "rate");
+                    entry.current = pacing;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn status(&self) -> Result<Status, ApiError> {
         let mut out = Vec::new();
         for (class, entry) in self.config.classes.iter().zip(&self.classes) {
             let s = self.datapath.class_stats(entry.id).map_err(|e| ApiError::Internal { message: format!("{e}") })?;
-            let drops = s.drop_horizon_packets + s.drop_contention_packets;
+            let drops = s.drop_horizon_packets + s.drop_contention_packets + s.drop_aqm_packets;
             out.push(ClassStatus {
                 name: class.name.clone(),
                 interface: class.interface.clone(),
@@ -274,16 +434,11 @@ impl State {
                 ),
             });
         }
-        let entry = &mut self.classes[pos];
-        if entry.leaf {
-            let horizon = horizon_ns(class.horizon);
-            self.datapath
-                .set_class(entry.id, ClassConfig { rate_bytes: rate.bytes_per_sec(), horizon_ns: horizon })
-                .map_err(|e| ApiError::Internal { message: format!("{e}") })?;
-            entry.current = rate;
-        }
         let old = class.rate;
         self.config.classes[pos].rate = rate;
+        self.trees = trees(&self.config);
+        // Apply now rather than at the next tick.
+        self.control_tick(Instant::now()).map_err(|e| ApiError::Internal { message: format!("{e}") })?;
         info!(class = name, from = %old, to = %rate, "set rate");
         Ok(Response::Applied { class: name.to_owned(), rate })
     }

@@ -12,6 +12,7 @@
 pub mod api;
 pub mod bpf;
 pub mod config;
+pub mod control;
 pub mod daemon;
 pub mod qdisc;
 pub mod rate;

@@ -29,17 +29,34 @@ use std::fmt;
 
 use futures::StreamExt;
 use netlink_packet_route::{
-    tc::{TcAttribute, TcHandle, TcMessage},
+    tc::{TcAttribute, TcHandle, TcMessage, TcOption},
     RouteNetlinkMessage,
 };
 use rtnetlink::{
     packet_core::{
-        ErrorMessage, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REPLACE, NLM_F_REQUEST,
+        DefaultNla, ErrorMessage, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REPLACE, NLM_F_REQUEST,
     },
     sys::AsyncSocket,
     Handle,
 };
 use tracing::{debug, info, warn};
+
+/// Packet limits of the `fq` qdisc shaper installs (`limit` and `flow_limit` in tc's words).
+///
+/// fq's defaults (10000 packets, 100 per flow) are too small for EDT shaping: a single flow
+/// in a class paced at 10 mbit/s with a 200 ms horizon queues 165 full-size packets. When fq
+/// drops a packet the tc program already gave a departure slot, that slot is lost and the
+/// class runs below its rate; so fq must hold whatever the horizons allow, and the tc program
+/// does all the dropping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FqLimits {
+    pub packets: u32,
+    pub flow_packets: u32,
+}
+
+/// `TCA_FQ_PLIMIT`, `TCA_FQ_FLOW_PLIMIT` (include/uapi/linux/pkt_sched.h).
+const TCA_FQ_PLIMIT: u16 = 1;
+const TCA_FQ_FLOW_PLIMIT: u16 = 2;
 
 /// `TC_H_ROOT`: the parent of a root qdisc.
 const TC_H_ROOT: u32 = 0xFFFF_FFFF;
@@ -453,10 +470,14 @@ impl Rtnl {
     }
 
     /// Makes `fq` (default options) the root qdisc of `ifindex`: `tc qdisc replace root fq`.
-    async fn install_fq(&self, ifname: &str, ifindex: u32) -> Result<(), QdiscError> {
+    async fn install_fq(&self, ifname: &str, ifindex: u32, limits: FqLimits) -> Result<(), QdiscError> {
         let mut message = TcMessage::with_index(tc_index(ifname, ifindex)?);
         message.header.parent = TcHandle::ROOT;
         message.attributes.push(TcAttribute::Kind(FQ.to_owned()));
+        message.attributes.push(TcAttribute::Options(vec![
+            TcOption::Other(DefaultNla::new(TCA_FQ_PLIMIT, limits.packets.to_ne_bytes().to_vec())),
+            TcOption::Other(DefaultNla::new(TCA_FQ_FLOW_PLIMIT, limits.flow_packets.to_ne_bytes().to_vec())),
+        ]));
         let flags = NLM_F_CREATE | NLM_F_REPLACE;
         match self.acked(RouteNetlinkMessage::NewQueueDiscipline(message), flags).await {
             Ok(()) => Ok(()),
@@ -544,7 +565,7 @@ pub async fn inspect_root(ifname: &str) -> Result<RootQdisc, QdiscError> {
 /// An admin-configured root qdisc is replaced only if `replace_other` is true (the interface's
 /// `replace_qdisc` setting); otherwise this fails with [`QdiscError::Occupied`]. A kernel
 /// without `sch_fq` makes it fail with [`QdiscError::FqUnavailable`].
-pub async fn ensure_fq(ifname: &str, replace_other: bool) -> Result<FqGuard, QdiscError> {
+pub async fn ensure_fq(ifname: &str, replace_other: bool, limits: FqLimits) -> Result<FqGuard, QdiscError> {
     let rtnl = Rtnl::open(ifname)?;
     let ifindex = rtnl.ifindex(ifname).await?;
     let root = rtnl.root(ifname, ifindex).await?;
@@ -556,7 +577,7 @@ pub async fn ensure_fq(ifname: &str, replace_other: bool) -> Result<FqGuard, Qdi
         Decision::Refuse { kind } => return Err(QdiscError::Occupied { ifname: ifname.to_owned(), kind }),
         Decision::Install(action) => action,
     };
-    rtnl.install_fq(ifname, ifindex).await?;
+    rtnl.install_fq(ifname, ifindex, limits).await?;
     let fq_handle = match rtnl.root(ifname, ifindex).await? {
         RootQdisc::Fq { handle } => handle,
         found => return Err(QdiscError::NotInstalled { ifname: ifname.to_owned(), found }),

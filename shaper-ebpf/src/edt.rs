@@ -14,22 +14,23 @@ use core::intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering};
 /// `core::sync::atomic` is not available: the bpfel target declares no CAS support (it
 /// depends on the ISA version, chosen with `-C target-cpu=v3` in shaper-daemon/build.rs).
 #[inline(always)]
-unsafe fn cas(dst: *mut u64, old: u64, new: u64) -> bool {
+pub unsafe fn cas(dst: *mut u64, old: u64, new: u64) -> bool {
     // SAFETY: forwarded to the caller.
     unsafe { atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(dst, old, new).1 }
 }
 
 /// Atomic fetch-and-add on a u64 (BPF_ATOMIC | BPF_ADD | BPF_FETCH); returns the old value.
 #[inline(always)]
-unsafe fn fetch_add(dst: *mut u64, v: u64) -> u64 {
+pub unsafe fn fetch_add(dst: *mut u64, v: u64) -> u64 {
     // SAFETY: forwarded to the caller.
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(dst, v) }
 }
 
 /// Outcome of pacing one packet.
 pub enum Verdict {
-    /// Leave at this time (CLOCK_MONOTONIC ns); `delay` = departure − now.
-    Send { depart: u64, delay: u64 },
+    /// Leave at this time (CLOCK_MONOTONIC ns); `delay` = departure − now; `cost` is the
+    /// packet's slot on the class clock (see [`give_back`]).
+    Send { depart: u64, delay: u64, cost: u64 },
     /// The departure would be later than the horizon.
     Horizon,
 }
@@ -59,7 +60,7 @@ pub unsafe fn pace(next: *mut u64, wire_len: u64, rate: u64, t0: u64, now: u64, 
         // SAFETY: as above.
         let swapped = unsafe { cas(next, last, t0 + cost) };
         if swapped {
-            return Verdict::Send { depart: t0, delay: t0 - now };
+            return Verdict::Send { depart: t0, delay: t0 - now, cost };
         }
     }
     // Backlogged: take the next slot. The clock only ever moves forward, so `old` is at least
@@ -69,10 +70,19 @@ pub unsafe fn pace(next: *mut u64, wire_len: u64, rate: u64, t0: u64, now: u64, 
     let old = unsafe { fetch_add(next, cost) };
     let depart = if old > t0 { old } else { t0 };
     if depart - now > horizon {
-        // Give the slot back: the packet is not sent.
         // SAFETY: as above.
-        unsafe { fetch_add(next, cost.wrapping_neg()) };
+        unsafe { give_back(next, cost) };
         return Verdict::Horizon;
     }
-    Verdict::Send { depart, delay: depart - now }
+    Verdict::Send { depart, delay: depart - now, cost }
+}
+
+/// Returns a packet's slot to the class clock, for a packet that is dropped after all.
+///
+/// # Safety
+/// As for [`pace`].
+#[inline(always)]
+pub unsafe fn give_back(next: *mut u64, cost: u64) {
+    // SAFETY: forwarded to the caller.
+    unsafe { fetch_add(next, cost.wrapping_neg()) };
 }

@@ -9,6 +9,7 @@
 #![feature(core_intrinsics)]
 #![allow(internal_features)]
 
+mod aqm;
 mod classify;
 mod edt;
 mod parse;
@@ -71,17 +72,60 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     let mut key = RuleKey { iface: iface.slot as u16, ..RuleKey::default() };
     // SAFETY: as above.
     key.mark = unsafe { (*skb).mark };
-    let (class, hdr_len) = match parse::parse(ctx, iface.flags & IFACE_L3 != 0, &mut key) {
+    let (class, hdr_len, ip) = match parse::parse(ctx, iface.flags & IFACE_L3 != 0, &mut key) {
         Ok(p) => {
             if p.has_ports {
                 classify::port_ids(&mut key, p.sport, p.dport);
             }
             let class = classify::classify(&key).map_or(iface.default_class, |t| t.class);
-            (class, p.hdr_len)
+            (class, p.hdr_len, IpEcn { family: key.family, l3: p.l3, ecn: p.ecn })
         }
-        Err(parse::Malformed) => (iface.default_class, 0),
+        Err(parse::Malformed) => (iface.default_class, 0, IpEcn { family: 0, l3: 0, ecn: 0 }),
     };
-    Ok(shape(ctx, class, hdr_len, iface.overhead))
+    Ok(shape(ctx, class, hdr_len, iface.overhead, ip))
+}
+
+/// Where a packet's ECN field is, for CE marking.
+#[derive(Clone, Copy)]
+struct IpEcn {
+    /// 4 or 6; 0 when the packet is not IP (never marked).
+    family: u8,
+    /// Offset of the IP header.
+    l3: u32,
+    /// The ECN field: 0 not ECN-capable, 1 or 2 ECT, 3 CE.
+    ecn: u8,
+}
+
+const ECN_CE: u8 = 3;
+
+/// Sets CE on an ECN-capable packet. Returns false if the packet cannot be marked (not
+/// ECN-capable, or the rewrite failed), in which case it must be dropped instead.
+#[inline(always)]
+fn mark_ce(ctx: &TcContext, ip: IpEcn) -> bool {
+    if ip.ecn == 0 {
+        return false;
+    }
+    if ip.ecn == ECN_CE {
+        return true;
+    }
+    let off = ip.l3 as usize;
+    match ip.family {
+        4 => {
+            // The TOS byte is the second byte of the header; the checksum covers it as part of
+            // the first 16-bit word (RFC 1624 incremental update via bpf_l3_csum_replace).
+            let Ok(word) = ctx.load::<[u8; 2]>(off) else { return false };
+            let new = [word[0], word[1] | ECN_CE];
+            let from = u64::from(u16::from_ne_bytes(word));
+            let to = u64::from(u16::from_ne_bytes(new));
+            ctx.l3_csum_replace(off + 10, from, to, 2).is_ok() && ctx.store(off + 1, &new[1], 0).is_ok()
+        }
+        6 => {
+            // The ECN bits are bits 4-5 of the second byte (low bits of the traffic class).
+            let Ok(b1) = ctx.load::<u8>(off + 1) else { return false };
+            ctx.store(off + 1, &(b1 | (ECN_CE << 4)), 0).is_ok()
+        }
+        _ => false,
+    }
 }
 
 /// Bytes this skb puts on the wire. A GSO packet leaves as `gso_segs` segments, each with
@@ -99,7 +143,7 @@ fn wire_len(len: u32, gso_segs: u32, hdr_len: u32, overhead: i32) -> u64 {
 }
 
 #[inline(always)]
-fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32) -> i32 {
+fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) -> i32 {
     let skb = ctx.skb.skb;
     let Some(stats) = CLASS_STATS.get_ptr_mut(class) else { return TC_ACT_OK };
     // SAFETY: per-CPU value: only this CPU writes it, and tc programs run with migration
@@ -132,12 +176,31 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32) -> i32 {
     let (tstamp, tstamp_type) = unsafe { ((*skb).tstamp, (*skb).tstamp_type) };
     let t0 = if tstamp_type == TSTAMP_MONO && tstamp > now && tstamp - now <= config.horizon_ns { tstamp } else { now };
 
+    // SAFETY: `state` is a valid map value pointer; no reference is created.
+    let next = unsafe { core::ptr::addr_of_mut!((*state).next_ns) };
     // SAFETY: `state` points into an array map value that lives as long as the map.
     let verdict = unsafe {
         edt::pace(core::ptr::addr_of_mut!((*state).next_ns), bytes, config.rate_bytes, t0, now, config.horizon_ns)
     };
     match verdict {
-        edt::Verdict::Send { depart, delay } => {
+        edt::Verdict::Send { depart, delay, cost } => {
+            if config.codel_target_ns != 0 {
+                // SAFETY: as above.
+                let signal = unsafe {
+                    aqm::codel(state, delay, now, config.codel_target_ns, config.codel_interval_ns)
+                };
+                if let aqm::Signal::Congested = signal {
+                    if mark_ce(ctx, ip) {
+                        stats.ecn_marked_packets += segs;
+                    } else {
+                        // SAFETY: as above.
+                        unsafe { edt::give_back(next, cost) };
+                        stats.drop_aqm_packets += segs;
+                        stats.drop_aqm_bytes += bytes;
+                        return TC_ACT_SHOT;
+                    }
+                }
+            }
             if delay > 0 {
                 stats.delayed_packets += segs;
                 stats.delay_ns_total += delay;

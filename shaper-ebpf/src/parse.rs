@@ -45,6 +45,15 @@ pub struct Parsed {
     /// Bytes of headers in front of the transport payload (link, network, transport), i.e.
     /// what every segment of a GSO packet carries again on the wire; 0 when unknown.
     pub hdr_len: u32,
+    /// Offset of the IP header (0 when the packet is not IP) and its ECN field.
+    pub l3: u32,
+    pub ecn: u8,
+}
+
+impl Parsed {
+    const fn empty() -> Self {
+        Self { sport: 0, dport: 0, has_ports: false, hdr_len: 0, l3: 0, ecn: 0 }
+    }
 }
 
 #[inline(always)]
@@ -75,7 +84,7 @@ pub fn parse(ctx: &TcContext, l3: bool, key: &mut RuleKey) -> Result<Parsed, Mal
         ETH_P_IP => parse_v4(ctx, off, key),
         ETH_P_IPV6 => parse_v6(ctx, off, key),
         // ARP, LLDP, MPLS...: no IP fields to classify on; rules on fwmark still apply.
-        _ => Ok(Parsed { sport: 0, dport: 0, has_ports: false, hdr_len: 0 }),
+        _ => Ok(Parsed::empty()),
     }
 }
 
@@ -92,19 +101,21 @@ fn parse_v4(ctx: &TcContext, off: usize, key: &mut RuleKey) -> Result<Parsed, Ma
     }
     key.family = 4;
     key.dscp = h[1] >> 2;
+    let ecn = h[1] & 0x3;
     key.proto = h[9];
     key.src[..4].copy_from_slice(&h[12..16]);
     key.dst[..4].copy_from_slice(&h[16..20]);
     // Only the first fragment carries the transport header.
     let frag_off = be16([h[6], h[7]]) & 0x1fff;
     if frag_off != 0 {
-        return Ok(Parsed { sport: 0, dport: 0, has_ports: false, hdr_len: 0 });
+        return Ok(Parsed { l3: off as u32, ecn, ..Parsed::empty() });
     }
     // Options beyond the fixed header must be present too.
     if ihl > 20 {
         let _: u8 = ctx.load(off + ihl - 1)?;
     }
-    transport(ctx, off + ihl, h[9])
+    let p = transport(ctx, off + ihl, h[9])?;
+    Ok(Parsed { l3: off as u32, ecn, ..p })
 }
 
 #[inline(always)]
@@ -114,6 +125,7 @@ fn parse_v6(ctx: &TcContext, off: usize, key: &mut RuleKey) -> Result<Parsed, Ma
         return Err(Malformed);
     }
     let traffic_class = ((h[0] & 0x0f) << 4) | (h[1] >> 4);
+    let (l3, ecn) = (off as u32, traffic_class & 0x3);
     key.family = 6;
     key.dscp = traffic_class >> 2;
     key.src.copy_from_slice(&h[8..24]);
@@ -154,9 +166,10 @@ fn parse_v6(ctx: &TcContext, off: usize, key: &mut RuleKey) -> Result<Parsed, Ma
     }
     key.proto = next;
     if !first_fragment {
-        return Ok(Parsed { sport: 0, dport: 0, has_ports: false, hdr_len: 0 });
+        return Ok(Parsed { l3, ecn, ..Parsed::empty() });
     }
-    transport(ctx, off, next)
+    let p = transport(ctx, off, next)?;
+    Ok(Parsed { l3, ecn, ..p })
 }
 
 #[inline(always)]
@@ -173,6 +186,7 @@ fn transport(ctx: &TcContext, off: usize, proto: u8) -> Result<Parsed, Malformed
                 dport: be16([t[2], t[3]]),
                 has_ports: true,
                 hdr_len: (off + doff) as u32,
+                ..Parsed::empty()
             })
         }
         IPPROTO_UDP => {
@@ -182,8 +196,9 @@ fn transport(ctx: &TcContext, off: usize, proto: u8) -> Result<Parsed, Malformed
                 dport: be16([u[2], u[3]]),
                 has_ports: true,
                 hdr_len: (off + 8) as u32,
+                ..Parsed::empty()
             })
         }
-        _ => Ok(Parsed { sport: 0, dport: 0, has_ports: false, hdr_len: off as u32 }),
+        _ => Ok(Parsed { hdr_len: off as u32, ..Parsed::empty() }),
     }
 }

@@ -19,6 +19,10 @@ use crate::{bin, veth, Netns};
 /// Wire bytes per goodput byte for full-size TCP segments with timestamps on Ethernet:
 /// 1448 bytes of payload travel in a 1514-byte frame.
 pub const WIRE_PER_GOODPUT: f64 = 1514.0 / 1448.0;
+/// The same for UDP datagrams of [`UDP_PAYLOAD`] bytes: 1472 + 8 + 20 + 14 = 1514.
+pub const WIRE_PER_UDP_GOODPUT: f64 = 1514.0 / 1472.0;
+/// UDP payload size that fills a 1500-byte MTU.
+pub const UDP_PAYLOAD: &str = "1472";
 
 /// The server's address.
 pub const SERVER: &str = "10.2.0.2";
@@ -129,6 +133,19 @@ impl Topology {
         serde_json::from_slice(&out.stdout).expect("status JSON")
     }
 
+    /// `status` straight over the control socket (no shaperctl process: fast enough to poll
+    /// every few milliseconds). Returns the classes array of the reply.
+    #[must_use]
+    pub fn status_now(&self) -> Value {
+        use std::io::{BufRead as _, Write as _};
+        let mut stream = std::os::unix::net::UnixStream::connect(self.socket()).expect("connecting to shaperd");
+        stream.write_all(b"{\"cmd\":\"status\"}\n").expect("sending status");
+        let mut line = String::new();
+        std::io::BufReader::new(stream).read_line(&mut line).expect("reading the reply");
+        let v: Value = serde_json::from_str(&line).expect("status JSON");
+        v["Ok"]["status"]["classes"].clone()
+    }
+
     /// Starts a one-shot iperf3 server (JSON output) on `port` in the server namespace.
     #[must_use]
     pub fn iperf_server(&self, port: u16) -> Child {
@@ -148,22 +165,20 @@ impl Topology {
     /// every `interval` seconds, with the receiver's JSON in its output.
     #[must_use]
     pub fn iperf_client(&self, src: &str, port: u16, seconds: u32, interval: &str) -> Child {
+        self.iperf_client_with(src, port, seconds, interval, &[])
+    }
+
+    /// Like [`Self::iperf_client`], with more iperf3 options (`-u`, `-b RATE`, `-P N`...).
+    #[must_use]
+    pub fn iperf_client_with(&self, src: &str, port: u16, seconds: u32, interval: &str, extra: &[&str]) -> Child {
+        let port = port.to_string();
+        let seconds = seconds.to_string();
+        let mut args =
+            vec!["-c", SERVER, "-B", src, "-p", &port, "-t", &seconds, "-i", interval, "-J", "--get-server-output"];
+        args.extend_from_slice(extra);
         self.lan
             .command("iperf3")
-            .args([
-                "-c",
-                SERVER,
-                "-B",
-                src,
-                "-p",
-                &port.to_string(),
-                "-t",
-                &seconds.to_string(),
-                "-i",
-                interval,
-                "-J",
-                "--get-server-output",
-            ])
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -236,12 +251,18 @@ pub fn receiver_intervals(client: Child) -> Vec<Interval> {
         .collect()
 }
 
-/// Mean wire rate (bit/s) over the intervals lying within [from, to] seconds.
+/// Mean goodput (bit/s) over the intervals lying within [from, to] seconds.
 #[must_use]
-pub fn wire_rate(intervals: &[Interval], from: f64, to: f64) -> f64 {
+pub fn goodput(intervals: &[Interval], from: f64, to: f64) -> f64 {
     let sel: Vec<&Interval> = intervals.iter().filter(|i| i.start >= from - 1e-6 && i.end <= to + 0.05).collect();
     assert!(!sel.is_empty(), "no intervals in [{from}, {to}]");
     let bits: f64 = sel.iter().map(|i| i.bits_per_second * (i.end - i.start)).sum();
     let secs: f64 = sel.iter().map(|i| i.end - i.start).sum();
-    bits / secs * WIRE_PER_GOODPUT
+    bits / secs
+}
+
+/// Mean wire rate (bit/s) of a TCP flow over the intervals lying within [from, to] seconds.
+#[must_use]
+pub fn wire_rate(intervals: &[Interval], from: f64, to: f64) -> f64 {
+    goodput(intervals, from, to) * WIRE_PER_GOODPUT
 }

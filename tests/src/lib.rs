@@ -112,8 +112,22 @@ pub fn ipv4(frame: &Frame, src: Ipv4Addr, dst: Ipv4Addr, l4: L4) -> Vec<u8> {
     p.extend_from_slice(&[0, 1, 0x40, 0, 64, proto, 0, 0]);
     p.extend_from_slice(&src.octets());
     p.extend_from_slice(&dst.octets());
+    let ip = p.len() - 20;
+    let csum = ipv4_checksum(&p[ip..ip + 20]);
+    p[ip + 10..ip + 12].copy_from_slice(&csum.to_be_bytes());
     p.extend_from_slice(&body);
     p
+}
+
+/// The IPv4 header checksum of `header` (whose checksum field is taken as is: a header with
+/// a correct checksum sums to 0).
+#[must_use]
+pub fn ipv4_checksum(header: &[u8]) -> u16 {
+    let mut sum: u32 = header.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !u16::try_from(sum).expect("folded")
 }
 
 /// An Ethernet + IPv6 packet with the given extension headers (each `(next_header_type,
@@ -184,13 +198,15 @@ impl SkbCtx {
 }
 
 /// What one `BPF_PROG_TEST_RUN` returned.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct RunResult {
     /// The program's return value (`TC_ACT_OK` = 0, `TC_ACT_SHOT` = 2).
     pub action: u32,
     /// The skb fields after the run (the departure time is `ctx.tstamp`).
     pub ctx: SkbCtx,
     pub duration: std::time::Duration,
+    /// The packet as the program left it.
+    pub data: Vec<u8>,
 }
 
 /// `TC_ACT_OK`.
@@ -215,7 +231,8 @@ pub fn run(dp: &Datapath, packet: &[u8], ctx: SkbCtx, repeat: u32) -> RunResult 
         .program()
         .test_run(opts)
         .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on a {}-byte packet with {ctx:?}: {e:?}", packet.len()));
-    RunResult { action: r.return_value, ctx: SkbCtx::from_bytes(&ctx_out), duration: r.duration }
+    data_out.truncate(r.data_size_out as usize);
+    RunResult { action: r.return_value, ctx: SkbCtx::from_bytes(&ctx_out), duration: r.duration, data: data_out }
 }
 
 /// Runs a command, panicking with its output if it fails.

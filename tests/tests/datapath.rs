@@ -186,7 +186,7 @@ fn ten_thousand_host_rules_classify_like_ten() {
 fn edt_spaces_packets_by_wire_length_over_rate() {
     let mut dp = datapath(&[]);
     // 1,000,000 bytes/s: a 1000-byte packet costs exactly 1 ms.
-    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 10 * SECOND }).unwrap();
+    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 10 * SECOND, ..ClassConfig::default() }).unwrap();
     let packet = ipv4(
         &Frame { payload: 1000 - 14 - 20 - 32, ..Frame::default() },
         Ipv4Addr::LOCALHOST,
@@ -214,7 +214,7 @@ fn edt_spaces_packets_by_wire_length_over_rate() {
 fn overhead_and_gso_segments_count_as_wire_bytes() {
     let mut dp = datapath(&[]);
     dp.set_iface(LO, IfaceConfig { slot: 0, default_class: DEFAULT, overhead: 8, flags: IFACE_ENABLED }).unwrap();
-    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: SECOND }).unwrap();
+    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: SECOND, ..ClassConfig::default() }).unwrap();
     // A TSO packet: 2 segments of 1448 bytes behind 14 + 20 + 32 bytes of headers (BPF_PROG_TEST_RUN
     // takes at most a page of data).
     let packet = ipv4(&Frame { payload: 2 * 1448, ..Frame::default() }, Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, TCP);
@@ -229,7 +229,7 @@ fn overhead_and_gso_segments_count_as_wire_bytes() {
 fn packets_beyond_the_horizon_are_dropped_and_counted() {
     let mut dp = datapath(&[]);
     // 1000 bytes/s with a 10 ms horizon: the second 1000-byte packet would wait 1 s.
-    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1000, horizon_ns: 10_000_000 }).unwrap();
+    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1000, horizon_ns: 10_000_000, ..ClassConfig::default() }).unwrap();
     let packet = v4([1, 1, 1, 1], [2, 2, 2, 2], L4::Udp { sport: 1, dport: 2 });
     let len = packet.len() as u64;
     assert_eq!(run(&dp, &packet, SkbCtx::default(), 1).action, TC_ACT_OK);
@@ -245,7 +245,7 @@ fn packets_beyond_the_horizon_are_dropped_and_counted() {
 #[test]
 fn a_receive_timestamp_is_not_taken_for_a_departure_time() {
     let mut dp = datapath(&[]);
-    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: 2 * SECOND }).unwrap();
+    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: 2 * SECOND, ..ClassConfig::default() }).unwrap();
     let packet = v4([1, 1, 1, 1], [2, 2, 2, 2], TCP);
     // BPF_PROG_TEST_RUN leaves tstamp_type at 0 (not a mono delivery time), as for a
     // forwarded packet that still carries its receive time.
@@ -270,7 +270,7 @@ fn unpaced_class_and_unknown_interface_pass() {
     assert_eq!(dp.class_stats(DEFAULT).unwrap().unpaced_packets, 1);
     // An interface the daemon does not shape: untouched, uncounted.
     let mut other = Datapath::load().unwrap();
-    other.set_class(DEFAULT, ClassConfig { rate_bytes: 1, horizon_ns: 1 }).unwrap();
+    other.set_class(DEFAULT, ClassConfig { rate_bytes: 1, horizon_ns: 1, ..ClassConfig::default() }).unwrap();
     let r = run(&other, &packet, SkbCtx::default(), 1);
     assert_eq!(r.action, TC_ACT_OK);
     assert_eq!(other.class_stats(DEFAULT).unwrap().packets, 0);
@@ -281,7 +281,7 @@ fn the_class_clock_loses_no_update_when_cpus_race() {
     let mut dp = datapath(&[]);
     // 1 ms per packet; 2 threads × 20,000 packets = 40 s of departures, far ahead of the real
     // time the runs take, so every packet after the first finds the class backlogged.
-    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 100 * SECOND }).unwrap();
+    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 100 * SECOND, ..ClassConfig::default() }).unwrap();
     let packet = ipv4(
         &Frame { payload: 1000 - 14 - 20 - 32, ..Frame::default() },
         Ipv4Addr::LOCALHOST,
@@ -311,4 +311,68 @@ fn the_class_clock_loses_no_update_when_cpus_race() {
         before + advance,
         after + advance
     );
+}
+
+#[test]
+fn codel_drops_or_marks_once_the_delay_stays_above_target_for_an_interval() {
+    let mut dp = datapath(&[]);
+    // 1000-byte packets at 1,000,000 bytes/s: each adds 1 ms of delay. CoDel with a 1 ms
+    // target and a 2 ms interval.
+    dp.set_class(
+        DEFAULT,
+        ClassConfig {
+            rate_bytes: 1_000_000,
+            horizon_ns: 10 * SECOND,
+            codel_target_ns: 1_000_000,
+            codel_interval_ns: 2_000_000,
+        },
+    )
+    .unwrap();
+    let frame = |tos: u8| Frame { tos, payload: 1000 - 14 - 20 - 32, ..Frame::default() };
+    let plain = ipv4(&frame(0), Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, TCP);
+    let ect0 = ipv4(&frame(0b10), Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, TCP);
+    let ctx = SkbCtx::default();
+    // Build a standing queue: the delay passes the target; the interval starts.
+    for _ in 0..10 {
+        assert_eq!(run(&dp, &plain, ctx, 1).action, TC_ACT_OK);
+    }
+    assert_eq!(dp.class_stats(DEFAULT).unwrap().drop_aqm_packets, 0, "no signal within the first interval");
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    // Above target for a whole interval: the next packet, not ECN-capable, is dropped and its
+    // slot given back.
+    let clock = dp.class_state(DEFAULT).unwrap().next_ns;
+    assert_eq!(run(&dp, &plain, ctx, 1).action, TC_ACT_SHOT);
+    assert_eq!(dp.class_state(DEFAULT).unwrap().next_ns, clock);
+    let s = dp.class_stats(DEFAULT).unwrap();
+    assert_eq!((s.drop_aqm_packets, s.drop_aqm_bytes, s.ecn_marked_packets), (1, 1000, 0));
+    // Until the next signal time (interval / sqrt(1) later) packets pass untouched.
+    let r = run(&dp, &ect0, ctx, 1);
+    assert_eq!(r.action, TC_ACT_OK);
+    assert_eq!(r.data[15] & 0b11, 0b10, "not marked yet");
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    // The next signal goes to an ECN-capable packet: marked CE, not dropped; the IPv4
+    // checksum still holds.
+    let r = run(&dp, &ect0, ctx, 1);
+    assert_eq!(r.action, TC_ACT_OK);
+    assert_eq!(r.data[15] & 0b11, 0b11, "CE");
+    assert_eq!(shaper_tests::ipv4_checksum(&r.data[14..34]), 0, "checksum updated with the mark");
+    let s = dp.class_stats(DEFAULT).unwrap();
+    assert_eq!((s.drop_aqm_packets, s.ecn_marked_packets), (1, 1));
+    assert_eq!(dp.class_state(DEFAULT).unwrap().count, 2);
+    // IPv6: the ECN bits sit in the traffic class, across the first two bytes.
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    let v6 = ipv6(&Frame { tos: 0b01, ..frame(0) }, Ipv6Addr::LOCALHOST, Ipv6Addr::LOCALHOST, &[], TCP);
+    let r = run(&dp, &v6, ctx, 1);
+    assert_eq!(r.action, TC_ACT_OK);
+    assert_eq!((r.data[15] >> 4) & 0b11, 0b11, "CE in the IPv6 traffic class");
+    // Once the queue drains below target, the dropping state ends.
+    dp.set_class(
+        DEFAULT,
+        ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: 10 * SECOND, codel_target_ns: 1_000_000, codel_interval_ns: 2_000_000 },
+    )
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    assert_eq!(run(&dp, &plain, ctx, 1).action, TC_ACT_OK);
+    let state = dp.class_state(DEFAULT).unwrap();
+    assert_eq!((state.first_above_ns, state.drop_next_ns), (0, 0));
 }

@@ -1,0 +1,124 @@
+//! Active queue management on the departure delay: CoDel (RFC 8289), applied when a packet
+//! is given its departure time, since EDT knows at that moment how long the packet will wait.
+//!
+//! A class that stays above `target` delay for a whole `interval` enters the dropping state
+//! and gives a congestion signal (ECN CE mark, or a drop for packets that are not
+//! ECN-capable) at times spaced `interval / sqrt(count)` apart, until its delay falls below
+//! target. Without this a greedy TCP flow fills the class up to the drop horizon.
+//!
+//! The state is shared by the CPUs sending in the class. Each transition is one atomic
+//! operation, and the compare-and-exchange on `drop_next_ns` makes sure that each scheduled
+//! signal is given exactly once, whichever CPU gets there first.
+
+use shaper_common::ClassState;
+
+use crate::edt::{cas, fetch_add};
+
+/// Whether the packet carries a congestion signal.
+pub enum Signal {
+    None,
+    Congested,
+}
+
+/// `65536 / sqrt(n)` for n in 0..64 (entry 0 unused): the control law's spacing factor.
+const INV_SQRT: [u32; 64] = {
+    let mut t = [0u32; 64];
+    let mut n = 1;
+    while n < 64 {
+        // isqrt(n << 32) = sqrt(n) * 65536; 65536 * 65536 / that = 65536 / sqrt(n).
+        let target = (n as u64) << 32;
+        let mut lo = 0u64;
+        let mut hi = 1u64 << 32;
+        while lo < hi {
+            let mid = (lo + hi + 1) / 2;
+            if mid * mid <= target {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        t[n] = ((1u64 << 32) / lo) as u32;
+        n += 1;
+    }
+    t
+};
+
+/// `interval / sqrt(count)`; counts past the table use its last entry.
+#[inline(always)]
+fn control_law(interval: u64, count: u64) -> u64 {
+    let i = if count >= 64 { 63 } else { count.max(1) as usize };
+    let factor = if i < 64 { u64::from(INV_SQRT[i]) } else { 0 };
+    (interval * factor) >> 16
+}
+
+/// Runs CoDel for one packet that will wait `delay` ns.
+///
+/// # Safety
+/// `state` must point into a map value that stays valid for the call.
+#[inline(always)]
+pub unsafe fn codel(state: *mut ClassState, delay: u64, now: u64, target: u64, interval: u64) -> Signal {
+    // SAFETY: valid (caller); the fields are 8-byte aligned u64s.
+    let (first_above, drop_next, count) = unsafe {
+        (
+            core::ptr::addr_of_mut!((*state).first_above_ns),
+            core::ptr::addr_of_mut!((*state).drop_next_ns),
+            core::ptr::addr_of_mut!((*state).count),
+        )
+    };
+    if delay < target {
+        // Leave the dropping state, and restart the interval when the delay next exceeds
+        // target. Stores of 0 are single aligned writes; skipping them when already 0 keeps
+        // the cache line shared between CPUs.
+        // SAFETY: as above.
+        unsafe {
+            if core::ptr::read_volatile(first_above) != 0 {
+                core::ptr::write_volatile(first_above, 0);
+            }
+            if core::ptr::read_volatile(drop_next) != 0 {
+                core::ptr::write_volatile(drop_next, 0);
+            }
+        }
+        return Signal::None;
+    }
+    // SAFETY: as above.
+    let above_since = unsafe { core::ptr::read_volatile(first_above) };
+    if above_since == 0 {
+        // SAFETY: as above.
+        unsafe { cas(first_above, 0, now + interval) };
+        return Signal::None;
+    }
+    if now < above_since {
+        return Signal::None;
+    }
+    // SAFETY: as above.
+    let next_signal = unsafe { core::ptr::read_volatile(drop_next) };
+    if next_signal == 0 {
+        // Enter the dropping state. As RFC 8289 suggests, a class that was dropping a short
+        // while ago resumes near its previous rate of signals rather than from 1.
+        // SAFETY: as above.
+        let previous = unsafe { core::ptr::read_volatile(count) };
+        // (Capped: the state keeps no time of its last exit, so an old episode's count must
+        // not make a new one start aggressive.)
+        let start = if previous > 2 { (previous - 2).min(8) } else { 1 };
+        // SAFETY: as above.
+        if unsafe { cas(drop_next, 0, now + control_law(interval, start)) } {
+            // SAFETY: as above.
+            unsafe { core::ptr::write_volatile(count, start) };
+            return Signal::Congested;
+        }
+        return Signal::None;
+    }
+    if now < next_signal {
+        return Signal::None;
+    }
+    // SAFETY: as above.
+    let n = unsafe { fetch_add(count, 1) } + 1;
+    // SAFETY: as above.
+    if unsafe { cas(drop_next, next_signal, next_signal + control_law(interval, n)) } {
+        return Signal::Congested;
+    }
+    // Another CPU gave this signal.
+    // SAFETY: as above.
+    unsafe { fetch_add(count, 1u64.wrapping_neg()) };
+    Signal::None
+}
