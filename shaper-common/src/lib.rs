@@ -143,11 +143,13 @@ pub struct ClassState {
     /// CoDel: when the delay, above target since then, has been so for an interval (0: the
     /// delay is below target).
     pub first_above_ns: u64,
-    /// CoDel: time of the next congestion signal while in the dropping state (0: not
-    /// dropping).
+    /// CoDel: time of the next congestion signal while dropping; after the dropping state
+    /// ends, the time of the last one.
     pub drop_next_ns: u64,
-    /// CoDel: signals given in the current dropping state.
+    /// CoDel: signals given in the current (or last) dropping state.
     pub count: u64,
+    /// CoDel: 1 while in the dropping state.
+    pub dropping: u64,
 }
 
 /// Per-class, per-CPU counters (`CLASS_STATS`, a per-CPU array indexed by class id).
@@ -198,7 +200,7 @@ const _: () = assert!(core::mem::size_of::<RuleKey>() == RULE_KEY_WORDS * 8);
 const _: () = assert!(core::mem::size_of::<Tuple>() == 56);
 const _: () = assert!(core::mem::size_of::<RuleTarget>() == 8);
 const _: () = assert!(core::mem::size_of::<ClassConfig>() == 32);
-const _: () = assert!(core::mem::size_of::<ClassState>() == 32);
+const _: () = assert!(core::mem::size_of::<ClassState>() == 40);
 const _: () = assert!(core::mem::size_of::<ClassStats>() == 88);
 
 #[cfg(feature = "user")]

@@ -1,8 +1,10 @@
 //! Demand estimation: what each leaf class would send if it could, from the datapath's
 //! counters, every tick. The allocator ([`crate::tree`]) turns demands into rates.
 //!
-//! A class is *limited* when its pacing rate holds it back: its EDT clock runs ahead of now
-//! by more than a few packets (packets wait in `fq`), or it sends at nearly its pacing rate.
+//! A class is *limited* when its pacing rate holds it back: it sends at nearly its pacing
+//! rate, or its EDT clock ran ahead of now by more than a few packets (packets waiting in
+//! `fq`) in nearly every tick of the window. A burst that drains (an application writing
+//! 128 KB at a time) is not a limit: the window is long enough to tell the two apart.
 //! A limited class wants as much as it can get (the allocator caps it at its ceil and shares
 //! spare bandwidth by prio and weight); that is how a backlogged class probes upward. A class
 //! that is not limited wants what it sends now, plus a little headroom; that is how an idle
@@ -13,12 +15,23 @@
 
 use std::{collections::VecDeque, time::Duration, time::Instant};
 
-/// Bytes per second of offered traffic, over a sliding window.
+/// Offered traffic and backlog over a sliding window.
 #[derive(Debug, Clone)]
 pub struct Meter {
     window: Duration,
-    /// (time, cumulative offered bytes), oldest first.
-    samples: VecDeque<(Instant, u64)>,
+    /// (time, cumulative offered bytes, queued at that time), oldest first.
+    samples: VecDeque<(Instant, u64, bool)>,
+}
+
+/// What a [`Meter`] read over its window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    /// Offered rate, bits/s.
+    pub rate: u64,
+    /// Per mille of the window's samples in which the class had a queue.
+    pub queued_permille: u32,
+    /// Samples in the window.
+    pub samples: u32,
 }
 
 impl Meter {
@@ -27,30 +40,39 @@ impl Meter {
         Self { window, samples: VecDeque::new() }
     }
 
-    /// Records the cumulative byte count at `now` and returns the offered rate in bits/s over
-    /// the window (or over what history there is).
-    pub fn update(&mut self, now: Instant, total_bytes: u64) -> u64 {
-        self.samples.push_back((now, total_bytes));
+    /// Records the cumulative byte count and whether the class has a queue at `now`; returns
+    /// the offered rate over the window (or over what history there is) and how often the
+    /// class had a queue.
+    pub fn update(&mut self, now: Instant, total_bytes: u64, queued: bool) -> Reading {
+        self.samples.push_back((now, total_bytes, queued));
         while self.samples.len() > 2 && self.samples.get(1).is_some_and(|s| now.duration_since(s.0) >= self.window) {
             self.samples.pop_front();
         }
-        let (t0, b0) = self.samples[0];
+        let (t0, b0, _) = self.samples[0];
         let dt = now.duration_since(t0).as_nanos();
-        if dt == 0 {
-            return 0;
-        }
-        let bits = u128::from(total_bytes.saturating_sub(b0)) * 8;
-        u64::try_from(bits * 1_000_000_000 / dt).unwrap_or(u64::MAX)
+        let rate = if dt == 0 {
+            0
+        } else {
+            let bits = u128::from(total_bytes.saturating_sub(b0)) * 8;
+            u64::try_from(bits * 1_000_000_000 / dt).unwrap_or(u64::MAX)
+        };
+        // The oldest sample only marks the window's start.
+        let recent = self.samples.iter().skip(1);
+        let samples = u32::try_from(recent.clone().count()).unwrap_or(u32::MAX);
+        let queued = u32::try_from(recent.filter(|s| s.2).count()).unwrap_or(u32::MAX);
+        Reading { rate, queued_permille: (queued * 1000).checked_div(samples).unwrap_or(0), samples }
     }
 }
 
-/// What the daemon observed of one leaf class in a tick.
+/// What the daemon observed of one leaf class over the meter's window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Observation {
-    /// Offered rate (sent plus dropped), bits/s, over the meter's window.
+    /// Offered rate (sent plus dropped), bits/s.
     pub offered: u64,
-    /// How far the class's EDT clock runs ahead of now, ns.
-    pub backlog_ns: u64,
+    /// Per mille of the window's ticks in which the class had a queue ([`queued`]).
+    pub queued_permille: u32,
+    /// Ticks in the window.
+    pub samples: u32,
     /// The rate the class is paced at, bits/s.
     pub pacing: u64,
 }
@@ -62,18 +84,30 @@ const MTU_BITS: u128 = 1514 * 8;
 const HEADROOM_PERCENT: u64 = 2;
 const HEADROOM_FLOOR: u64 = 8_000;
 
-/// Whether the pacing rate holds the class back.
+/// Whether a class has a queue: its EDT clock runs `backlog_ns` ahead of now, more than a
+/// few packets at its pacing rate (four full-size frames, and at least 2 ms).
+#[must_use]
+pub fn queued(backlog_ns: u64, pacing: u64) -> bool {
+    if pacing == 0 {
+        return false;
+    }
+    let frames_ns = u64::try_from(4 * MTU_BITS * 1_000_000_000 / u128::from(pacing)).unwrap_or(u64::MAX);
+    backlog_ns > frames_ns.max(2_000_000)
+}
+
+/// Ticks of history needed before a queue alone counts as a limit.
+const MIN_SAMPLES: u32 = 3;
+
+/// Whether the pacing rate holds the class back: it sends at 95 % of its rate or more, or
+/// it had a queue in 90 % of the window's ticks or more.
 #[must_use]
 pub fn limited(o: &Observation) -> bool {
     if o.pacing == 0 {
         return false;
     }
-    // A few packets of backlog are bursts; more is a queue. Four frames at the class's rate,
-    // and at least 2 ms.
-    let frames_ns = u64::try_from(4 * MTU_BITS * 1_000_000_000 / u128::from(o.pacing)).unwrap_or(u64::MAX);
-    let queue = o.backlog_ns > frames_ns.max(2_000_000);
     let busy = u128::from(o.offered) * 100 >= u128::from(o.pacing) * 95;
-    queue || busy
+    let backlogged = o.samples >= MIN_SAMPLES && o.queued_permille >= 900;
+    busy || backlogged
 }
 
 /// The demand to give the allocator for a leaf class (bits/s).
@@ -100,34 +134,40 @@ mod tests {
     fn meter_reads_the_rate_over_its_window() {
         let t0 = Instant::now();
         let mut m = Meter::new(Duration::from_millis(50));
-        assert_eq!(m.update(t0, 0), 0);
-        // 1250 bytes every 10 ms = 1 mbit/s.
-        let mut rate = 0;
+        assert_eq!(m.update(t0, 0, false).rate, 0);
+        // 1250 bytes every 10 ms = 1 mbit/s, queued every other tick.
+        let mut r = m.update(t0, 0, false);
         for i in 1..=20u32 {
-            rate = m.update(t0 + Duration::from_millis(10) * i, 1250 * u64::from(i));
+            r = m.update(t0 + Duration::from_millis(10) * i, 1250 * u64::from(i), i % 2 == 0);
         }
-        assert_eq!(rate, 1_000_000);
+        assert_eq!(r.rate, 1_000_000);
+        assert_eq!((r.samples, r.queued_permille), (5, 600));
         // The sender stops: within a window the rate reads zero.
         for i in 21..=26u32 {
-            rate = m.update(t0 + Duration::from_millis(10) * i, 1250 * 20);
+            r = m.update(t0 + Duration::from_millis(10) * i, 1250 * 20, false);
         }
-        assert_eq!(rate, 0);
+        assert_eq!((r.rate, r.queued_permille), (0, 0));
     }
 
     #[test]
-    fn limited_when_queued_or_busy() {
+    fn limited_when_busy_or_queued_throughout() {
         let mbit = 1_000_000;
-        // Sends 2.5 of 4.9 with a burst of two frames queued: not limited.
-        let light = Observation { offered: 25 * mbit / 10, backlog_ns: 5_000_000, pacing: 49 * mbit / 10 };
-        assert!(!limited(&light));
-        assert_eq!(demand(&light), 2_500_000 + 50_000 + 8_000);
-        // A queue of 50 ms: limited.
-        assert!(limited(&Observation { backlog_ns: 50_000_000, ..light }));
+        // Sends 2.5 of 4.9 in bursts that queue half the time: not limited.
+        let bursty = Observation { offered: 25 * mbit / 10, queued_permille: 500, samples: 20, pacing: 49 * mbit / 10 };
+        assert!(!limited(&bursty));
+        assert_eq!(demand(&bursty), 2_500_000 + 50_000 + 8_000);
+        // Queued in every tick: limited, wants all it can get.
+        assert!(limited(&Observation { queued_permille: 1000, ..bursty }));
+        assert_eq!(demand(&Observation { queued_permille: 1000, ..bursty }), u64::MAX);
+        // ... but not on the strength of two ticks.
+        assert!(!limited(&Observation { queued_permille: 1000, samples: 2, ..bursty }));
         // Sending at 96 % of its rate: limited.
-        assert!(limited(&Observation { offered: 47 * mbit / 10, backlog_ns: 0, ..light }));
-        assert_eq!(demand(&Observation { offered: 47 * mbit / 10, backlog_ns: 0, ..light }), u64::MAX);
+        assert!(limited(&Observation { offered: 47 * mbit / 10, queued_permille: 0, ..bursty }));
         // At 300 kbit/s four frames take 160 ms: a 100 ms backlog is still a burst.
-        assert!(!limited(&Observation { offered: 0, backlog_ns: 100_000_000, pacing: 300_000 }));
+        assert!(!queued(100_000_000, 300_000));
+        assert!(queued(200_000_000, 300_000));
+        assert!(queued(3_000_000, 100 * mbit));
+        assert!(!queued(1_000_000, 100 * mbit));
     }
 
     #[test]

@@ -26,9 +26,11 @@ use crate::{
     tree::Tree,
 };
 
-/// How far back the demand of a class is measured. Long enough to smooth GSO bursts and
-/// ticks, short enough that an idle class gives its share back within a few ticks.
-const METER_WINDOW: Duration = Duration::from_millis(50);
+/// How far back the demand of a class is measured: long enough to tell a queue that lasts
+/// from a burst that drains (an application's 128 KB write takes 200 ms at 5 mbit/s), short
+/// enough that an idle class gives its share back within the 300 ms the shares must settle
+/// in.
+const METER_WINDOW: Duration = Duration::from_millis(200);
 
 /// Why the daemon could not start (or stop cleanly).
 #[derive(Debug, thiserror::Error)]
@@ -330,11 +332,10 @@ impl State {
                 let stats = self.datapath.class_stats(entry.id)?;
                 let clock = self.datapath.class_state(entry.id)?.next_ns;
                 let offered = stats.bytes + stats.drop_horizon_bytes + stats.drop_aqm_bytes;
-                let o = Observation {
-                    offered: entry.meter.update(now, offered),
-                    backlog_ns: clock.saturating_sub(mono),
-                    pacing: entry.current.bits_per_sec(),
-                };
+                let pacing = entry.current.bits_per_sec();
+                let queued = control::queued(clock.saturating_sub(mono), pacing);
+                let r = entry.meter.update(now, offered, queued);
+                let o = Observation { offered: r.rate, queued_permille: r.queued_permille, samples: r.samples, pacing };
                 demand[node] = control::demand(&o);
             }
             let alloc = t.tree.allocate(&demand);

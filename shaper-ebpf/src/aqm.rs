@@ -20,11 +20,11 @@ pub enum Signal {
     Congested,
 }
 
-/// `65536 / sqrt(n)` for n in 0..64 (entry 0 unused): the control law's spacing factor.
-const INV_SQRT: [u32; 64] = {
-    let mut t = [0u32; 64];
+/// `65536 / sqrt(n)` for n in 0..1024 (entry 0 unused): the control law's spacing factor.
+const INV_SQRT: [u32; 1024] = {
+    let mut t = [0u32; 1024];
     let mut n = 1;
-    while n < 64 {
+    while n < 1024 {
         // isqrt(n << 32) = sqrt(n) * 65536; 65536 * 65536 / that = 65536 / sqrt(n).
         let target = (n as u64) << 32;
         let mut lo = 0u64;
@@ -46,8 +46,8 @@ const INV_SQRT: [u32; 64] = {
 /// `interval / sqrt(count)`; counts past the table use its last entry.
 #[inline(always)]
 fn control_law(interval: u64, count: u64) -> u64 {
-    let i = if count >= 64 { 63 } else { count.max(1) as usize };
-    let factor = if i < 64 { u64::from(INV_SQRT[i]) } else { 0 };
+    let i = if count >= 1024 { 1023 } else { count.max(1) as usize };
+    let factor = if i < 1024 { u64::from(INV_SQRT[i]) } else { 0 };
     (interval * factor) >> 16
 }
 
@@ -58,11 +58,12 @@ fn control_law(interval: u64, count: u64) -> u64 {
 #[inline(always)]
 pub unsafe fn codel(state: *mut ClassState, delay: u64, now: u64, target: u64, interval: u64) -> Signal {
     // SAFETY: valid (caller); the fields are 8-byte aligned u64s.
-    let (first_above, drop_next, count) = unsafe {
+    let (first_above, drop_next, count, dropping) = unsafe {
         (
             core::ptr::addr_of_mut!((*state).first_above_ns),
             core::ptr::addr_of_mut!((*state).drop_next_ns),
             core::ptr::addr_of_mut!((*state).count),
+            core::ptr::addr_of_mut!((*state).dropping),
         )
     };
     if delay < target {
@@ -74,8 +75,8 @@ pub unsafe fn codel(state: *mut ClassState, delay: u64, now: u64, target: u64, i
             if core::ptr::read_volatile(first_above) != 0 {
                 core::ptr::write_volatile(first_above, 0);
             }
-            if core::ptr::read_volatile(drop_next) != 0 {
-                core::ptr::write_volatile(drop_next, 0);
+            if core::ptr::read_volatile(dropping) != 0 {
+                core::ptr::write_volatile(dropping, 0);
             }
         }
         return Signal::None;
@@ -91,23 +92,26 @@ pub unsafe fn codel(state: *mut ClassState, delay: u64, now: u64, target: u64, i
         return Signal::None;
     }
     // SAFETY: as above.
-    let next_signal = unsafe { core::ptr::read_volatile(drop_next) };
-    if next_signal == 0 {
-        // Enter the dropping state. As RFC 8289 suggests, a class that was dropping a short
-        // while ago resumes near its previous rate of signals rather than from 1.
+    if unsafe { core::ptr::read_volatile(dropping) } == 0 {
+        // Enter the dropping state (one CPU does). As RFC 8289 has it, a class that was
+        // dropping a short while ago (16 intervals) resumes near its previous rate of signals.
         // SAFETY: as above.
-        let previous = unsafe { core::ptr::read_volatile(count) };
-        // (Capped: the state keeps no time of its last exit, so an old episode's count must
-        // not make a new one start aggressive.)
-        let start = if previous > 2 { (previous - 2).min(8) } else { 1 };
-        // SAFETY: as above.
-        if unsafe { cas(drop_next, 0, now + control_law(interval, start)) } {
-            // SAFETY: as above.
-            unsafe { core::ptr::write_volatile(count, start) };
-            return Signal::Congested;
+        if !unsafe { cas(dropping, 0, 1) } {
+            return Signal::None;
         }
-        return Signal::None;
+        // SAFETY: as above.
+        let (previous, last) = unsafe { (core::ptr::read_volatile(count), core::ptr::read_volatile(drop_next)) };
+        let recent = now.saturating_sub(last) < 16 * interval;
+        let start = if recent && previous > 2 { previous - 2 } else { 1 };
+        // SAFETY: as above.
+        unsafe {
+            core::ptr::write_volatile(count, start);
+            core::ptr::write_volatile(drop_next, now + control_law(interval, start));
+        }
+        return Signal::Congested;
     }
+    // SAFETY: as above.
+    let next_signal = unsafe { core::ptr::read_volatile(drop_next) };
     if now < next_signal {
         return Signal::None;
     }

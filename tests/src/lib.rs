@@ -10,6 +10,7 @@ use std::{
     process::{Command, Output},
 };
 
+pub mod chart;
 pub mod gateway;
 
 use aya::programs::{TestRun, TestRunOptions};

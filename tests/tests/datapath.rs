@@ -374,5 +374,5 @@ fn codel_drops_or_marks_once_the_delay_stays_above_target_for_an_interval() {
     std::thread::sleep(std::time::Duration::from_millis(30));
     assert_eq!(run(&dp, &plain, ctx, 1).action, TC_ACT_OK);
     let state = dp.class_state(DEFAULT).unwrap();
-    assert_eq!((state.first_above_ns, state.drop_next_ns), (0, 0));
+    assert_eq!((state.first_above_ns, state.dropping), (0, 0));
 }

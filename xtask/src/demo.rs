@@ -15,6 +15,9 @@ pub struct DemoArgs {
     /// Configuration to demonstrate (default: config/roommates.toml).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// TCP flows instead of the seed's UDP.
+    #[arg(long)]
+    tcp: bool,
 }
 
 /// Whether this kernel can run `fq` (probed in a scratch network namespace).
@@ -48,24 +51,42 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         Some(c) => std::fs::canonicalize(c).with_context(|| format!("{}", c.display()))?,
         None => root.join("config/roommates.toml"),
     };
+    let charts = util::target_dir().join("demo");
+    std::fs::create_dir_all(&charts).with_context(|| format!("creating {}", charts.display()))?;
+    let tcp = if args.tcp { " --tcp" } else { "" };
     if host_has_fq() {
         eprintln!("demo: this kernel has sch_fq; running on the host");
-        let status =
-            Command::new(&demo).arg(&config).status().with_context(|| format!("running {}", demo.display()))?;
+        let mut cmd = Command::new(&demo);
+        cmd.arg("--config").arg(&config).arg("--out").arg(&charts);
+        if args.tcp {
+            cmd.arg("--tcp");
+        }
+        let status = cmd.status().with_context(|| format!("running {}", demo.display()))?;
         if !status.success() {
             bail!("the demo failed ({status})");
         }
         return Ok(());
     }
     eprintln!("demo: this kernel has no sch_fq; running in the VM (Debian kernel, QEMU)");
+    // The guest sees the workspace read-only: the charts go to the run's writable folder.
+    let rwdir = vm::vm_dir().join("demo-run");
     let script = format!(
-        "set -e\nmodprobe sch_fq\nmodprobe veth\n{} {}\n",
+        "set -e\nmodprobe sch_fq\nmodprobe veth\n{} --config {} --out {}{tcp}\n",
         util::shell_quote_path(&demo)?,
-        util::shell_quote_path(&config)?
+        util::shell_quote_path(&config)?,
+        util::shell_quote_path(&rwdir)?,
     );
-    let run = vm::run_in_vm_live(&script, &vm::vm_dir().join("demo-run"), Duration::from_secs(900))?;
+    let run = vm::run_in_vm_live(&script, &rwdir, Duration::from_secs(900))?;
     if run.exit_code != 0 {
         bail!("the demo failed in the VM (exit code {})", run.exit_code);
+    }
+    for entry in std::fs::read_dir(&rwdir).with_context(|| format!("reading {}", rwdir.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "png") {
+            let to = charts.join(path.file_name().expect("a file"));
+            std::fs::copy(&path, &to).with_context(|| format!("copying {}", path.display()))?;
+            eprintln!("demo: chart {}", to.display());
+        }
     }
     Ok(())
 }

@@ -30,6 +30,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "iputils-ping",
     "iproute2",
     "python3-venv",
+    // The demo's charts are labelled with DejaVu Sans.
+    "fonts-dejavu-core",
 ];
 
 /// Where Debian's LLVM 22 lives (for bpf-linker's llvm-sys).
