@@ -98,6 +98,9 @@ pub struct ClassStatus {
     /// Packets dropped (all reasons).
     pub drops: u64,
     pub drops_horizon: u64,
+    /// Packets dropped by the AQM, and ECN-capable packets it marked instead.
+    pub drops_aqm: u64,
+    pub ecn_marks: u64,
     /// Packets given a later departure time, and their mean added delay.
     pub delayed_packets: u64,
     pub mean_delay_us: u64,

@@ -1258,6 +1258,7 @@ impl Validator<'_> {
     }
 
     /// The checks of one class that need no other class.
+    #[expect(clippy::too_many_lines, reason = "one check after another, in the order of the keys")]
     fn class(
         &self,
         i: usize,

@@ -32,6 +32,8 @@ pub struct Reading {
     pub queued_permille: u32,
     /// Samples in the window.
     pub samples: u32,
+    /// The latest samples in a row in which the class had a queue.
+    pub queued_streak: u32,
 }
 
 impl Meter {
@@ -50,17 +52,14 @@ impl Meter {
         }
         let (t0, b0, _) = self.samples[0];
         let dt = now.duration_since(t0).as_nanos();
-        let rate = if dt == 0 {
-            0
-        } else {
-            let bits = u128::from(total_bytes.saturating_sub(b0)) * 8;
-            u64::try_from(bits * 1_000_000_000 / dt).unwrap_or(u64::MAX)
-        };
+        let bits = u128::from(total_bytes.saturating_sub(b0)) * 8;
+        let rate = (bits * 1_000_000_000).checked_div(dt).map_or(0, |r| u64::try_from(r).unwrap_or(u64::MAX));
         // The oldest sample only marks the window's start.
         let recent = self.samples.iter().skip(1);
         let samples = u32::try_from(recent.clone().count()).unwrap_or(u32::MAX);
         let queued = u32::try_from(recent.filter(|s| s.2).count()).unwrap_or(u32::MAX);
-        Reading { rate, queued_permille: (queued * 1000).checked_div(samples).unwrap_or(0), samples }
+        let queued_streak = u32::try_from(self.samples.iter().rev().take_while(|s| s.2).count()).unwrap_or(u32::MAX);
+        Reading { rate, queued_permille: (queued * 1000).checked_div(samples).unwrap_or(0), samples, queued_streak }
     }
 }
 
@@ -73,6 +72,8 @@ pub struct Observation {
     pub queued_permille: u32,
     /// Ticks in the window.
     pub samples: u32,
+    /// The latest ticks in a row with a queue.
+    pub queued_streak: u32,
     /// The rate the class is paced at, bits/s.
     pub pacing: u64,
 }
@@ -97,9 +98,12 @@ pub fn queued(backlog_ns: u64, pacing: u64) -> bool {
 
 /// Ticks of history needed before a queue alone counts as a limit.
 const MIN_SAMPLES: u32 = 3;
+/// Ticks in a row with a queue that count as a limit whatever came before: a class that was
+/// idle for the whole window is seen to want more within this many ticks of queueing.
+const QUEUED_STREAK: u32 = 5;
 
 /// Whether the pacing rate holds the class back: it sends at 95 % of its rate or more, or
-/// it had a queue in 90 % of the window's ticks or more.
+/// it had a queue in 90 % of the window's ticks or more, or in the last few ticks in a row.
 #[must_use]
 pub fn limited(o: &Observation) -> bool {
     if o.pacing == 0 {
@@ -107,7 +111,7 @@ pub fn limited(o: &Observation) -> bool {
     }
     let busy = u128::from(o.offered) * 100 >= u128::from(o.pacing) * 95;
     let backlogged = o.samples >= MIN_SAMPLES && o.queued_permille >= 900;
-    busy || backlogged
+    busy || backlogged || o.queued_streak >= QUEUED_STREAK
 }
 
 /// The demand to give the allocator for a leaf class (bits/s).
@@ -141,7 +145,7 @@ mod tests {
             r = m.update(t0 + Duration::from_millis(10) * i, 1250 * u64::from(i), i % 2 == 0);
         }
         assert_eq!(r.rate, 1_000_000);
-        assert_eq!((r.samples, r.queued_permille), (5, 600));
+        assert_eq!((r.samples, r.queued_permille, r.queued_streak), (5, 600, 1));
         // The sender stops: within a window the rate reads zero.
         for i in 21..=26u32 {
             r = m.update(t0 + Duration::from_millis(10) * i, 1250 * 20, false);
@@ -153,7 +157,13 @@ mod tests {
     fn limited_when_busy_or_queued_throughout() {
         let mbit = 1_000_000;
         // Sends 2.5 of 4.9 in bursts that queue half the time: not limited.
-        let bursty = Observation { offered: 25 * mbit / 10, queued_permille: 500, samples: 20, pacing: 49 * mbit / 10 };
+        let bursty = Observation {
+            offered: 25 * mbit / 10,
+            queued_permille: 500,
+            samples: 20,
+            queued_streak: 2,
+            pacing: 49 * mbit / 10,
+        };
         assert!(!limited(&bursty));
         assert_eq!(demand(&bursty), 2_500_000 + 50_000 + 8_000);
         // Queued in every tick: limited, wants all it can get.
@@ -161,6 +171,8 @@ mod tests {
         assert_eq!(demand(&Observation { queued_permille: 1000, ..bursty }), u64::MAX);
         // ... but not on the strength of two ticks.
         assert!(!limited(&Observation { queued_permille: 1000, samples: 2, ..bursty }));
+        // Idle for most of the window, then queued for five ticks in a row: limited.
+        assert!(limited(&Observation { queued_permille: 250, queued_streak: 5, ..bursty }));
         // Sending at 96 % of its rate: limited.
         assert!(limited(&Observation { offered: 47 * mbit / 10, queued_permille: 0, ..bursty }));
         // At 300 kbit/s four frames take 160 ms: a 100 ms backlog is still a burst.

@@ -78,7 +78,8 @@ struct State {
 }
 
 fn class_config(class: &Class, rate: Rate) -> ClassConfig {
-    let (target, interval) = class.aqm.map_or((0, 0), |a| codel_params(horizon_ns(a.target), horizon_ns(a.interval), rate));
+    let (target, interval) =
+        class.aqm.map_or((0, 0), |a| codel_params(horizon_ns(a.target), horizon_ns(a.interval), rate));
     ClassConfig {
         rate_bytes: rate.bytes_per_sec(),
         horizon_ns: horizon_ns(class.horizon),
@@ -88,15 +89,15 @@ fn class_config(class: &Class, rate: Rate) -> ClassConfig {
 }
 
 /// CoDel's target and interval for a class paced at `rate`. A target shorter than the time a
-/// couple of full-size frames take at that rate would signal congestion on every other
-/// packet and starve TCP at low rates (at 300 kbit/s one frame takes 40 ms), so the target
-/// is at least 1.5 frame times and the interval grows with it, as CAKE does
-/// (`cake_set_rate`).
+/// few full-size frames take at that rate would signal congestion on every other packet and
+/// starve TCP at low rates (at 300 kbit/s one frame takes 40 ms), so the target is at least
+/// three frame times and the interval grows with it, as CAKE does (`cake_set_rate`, which
+/// uses 1.5 frames but splits GSO packets; here a GSO packet of two segments is one packet).
 fn codel_params(target_ns: u64, interval_ns: u64, rate: Rate) -> (u64, u64) {
     const FRAME_BITS: u64 = 1514 * 8;
     let frame_ns = u64::try_from(u128::from(FRAME_BITS) * 1_000_000_000 / u128::from(rate.bits_per_sec().max(1)))
         .unwrap_or(u64::MAX);
-    let target = target_ns.max(frame_ns.saturating_mul(3) / 2);
+    let target = target_ns.max(frame_ns.saturating_mul(3));
     let interval = (interval_ns + (target - target_ns)).max(target.saturating_mul(2));
     (target, interval)
 }
@@ -335,7 +336,13 @@ impl State {
                 let pacing = entry.current.bits_per_sec();
                 let queued = control::queued(clock.saturating_sub(mono), pacing);
                 let r = entry.meter.update(now, offered, queued);
-                let o = Observation { offered: r.rate, queued_permille: r.queued_permille, samples: r.samples, pacing };
+                let o = Observation {
+                    offered: r.rate,
+                    queued_permille: r.queued_permille,
+                    samples: r.samples,
+                    queued_streak: r.queued_streak,
+                    pacing,
+                };
                 demand[node] = control::demand(&o);
             }
             let alloc = t.tree.allocate(&demand);
@@ -376,6 +383,8 @@ impl State {
                 packets: s.packets,
                 drops,
                 drops_horizon: s.drop_horizon_packets,
+                drops_aqm: s.drop_aqm_packets,
+                ecn_marks: s.ecn_marked_packets,
                 delayed_packets: s.delayed_packets,
                 mean_delay_us: s.delay_ns_total.checked_div(s.delayed_packets).unwrap_or(0) / 1000,
             });

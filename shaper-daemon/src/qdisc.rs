@@ -34,7 +34,8 @@ use netlink_packet_route::{
 };
 use rtnetlink::{
     packet_core::{
-        DefaultNla, ErrorMessage, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REPLACE, NLM_F_REQUEST,
+        DefaultNla, ErrorMessage, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REPLACE,
+        NLM_F_REQUEST,
     },
     sys::AsyncSocket,
     Handle,
@@ -54,7 +55,7 @@ pub struct FqLimits {
     pub flow_packets: u32,
 }
 
-/// `TCA_FQ_PLIMIT`, `TCA_FQ_FLOW_PLIMIT` (include/uapi/linux/pkt_sched.h).
+/// `TCA_FQ_PLIMIT`, `TCA_FQ_FLOW_PLIMIT` (`include/uapi/linux/pkt_sched.h`).
 const TCA_FQ_PLIMIT: u16 = 1;
 const TCA_FQ_FLOW_PLIMIT: u16 = 2;
 

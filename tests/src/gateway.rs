@@ -65,6 +65,11 @@ impl Topology {
         lan.sh(&["ip", "route", "add", "default", "via", &gw_addr]);
         srv.sh(&["ip", "route", "add", &format!("{lan_net}.0/24"), "via", "10.2.0.1"]);
         gw.sh(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        // Clients and server negotiate ECN, as current stacks can, so that AQM marks rather
+        // than drops their TCP packets.
+        for ns in [&lan, &srv] {
+            ns.sh(&["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]);
+        }
         let dir = std::env::temp_dir().join(tag);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("scratch directory");
@@ -146,19 +151,34 @@ impl Topology {
         v["Ok"]["status"]["classes"].clone()
     }
 
-    /// Starts a one-shot iperf3 server (JSON output) on `port` in the server namespace.
+    /// Starts a one-shot iperf3 server (JSON output) on `port` in the server namespace and
+    /// waits until it listens.
     #[must_use]
+    #[expect(clippy::zombie_processes, reason = "the server is returned; the caller waits for it")]
     pub fn iperf_server(&self, port: u16) -> Child {
-        let c = self
+        let port = port.to_string();
+        let mut c = self
             .srv
             .command("iperf3")
-            .args(["-s", "-1", "-J", "-i", "0.5", "-p", &port.to_string()])
+            .args(["-s", "-1", "-J", "-i", "0.5", "-p", &port])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("starting iperf3 -s");
-        sleep(Duration::from_millis(300));
-        c
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let filter = format!("sport = :{port}");
+        loop {
+            let out = self.srv.command("ss").args(["-Hltn", &filter]).output().expect("running ss");
+            if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
+                return c;
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("iperf3 -s on port {port} did not start listening");
+            }
+            sleep(Duration::from_millis(50));
+        }
     }
 
     /// Starts a TCP iperf3 client from `src` to the server's `port` for `seconds`, reporting

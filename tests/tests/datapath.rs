@@ -186,7 +186,8 @@ fn ten_thousand_host_rules_classify_like_ten() {
 fn edt_spaces_packets_by_wire_length_over_rate() {
     let mut dp = datapath(&[]);
     // 1,000,000 bytes/s: a 1000-byte packet costs exactly 1 ms.
-    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 10 * SECOND, ..ClassConfig::default() }).unwrap();
+    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 10 * SECOND, ..ClassConfig::default() })
+        .unwrap();
     let packet = ipv4(
         &Frame { payload: 1000 - 14 - 20 - 32, ..Frame::default() },
         Ipv4Addr::LOCALHOST,
@@ -214,7 +215,8 @@ fn edt_spaces_packets_by_wire_length_over_rate() {
 fn overhead_and_gso_segments_count_as_wire_bytes() {
     let mut dp = datapath(&[]);
     dp.set_iface(LO, IfaceConfig { slot: 0, default_class: DEFAULT, overhead: 8, flags: IFACE_ENABLED }).unwrap();
-    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: SECOND, ..ClassConfig::default() }).unwrap();
+    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: SECOND, ..ClassConfig::default() })
+        .unwrap();
     // A TSO packet: 2 segments of 1448 bytes behind 14 + 20 + 32 bytes of headers (BPF_PROG_TEST_RUN
     // takes at most a page of data).
     let packet = ipv4(&Frame { payload: 2 * 1448, ..Frame::default() }, Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, TCP);
@@ -245,7 +247,8 @@ fn packets_beyond_the_horizon_are_dropped_and_counted() {
 #[test]
 fn a_receive_timestamp_is_not_taken_for_a_departure_time() {
     let mut dp = datapath(&[]);
-    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: 2 * SECOND, ..ClassConfig::default() }).unwrap();
+    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: 2 * SECOND, ..ClassConfig::default() })
+        .unwrap();
     let packet = v4([1, 1, 1, 1], [2, 2, 2, 2], TCP);
     // BPF_PROG_TEST_RUN leaves tstamp_type at 0 (not a mono delivery time), as for a
     // forwarded packet that still carries its receive time.
@@ -281,7 +284,8 @@ fn the_class_clock_loses_no_update_when_cpus_race() {
     let mut dp = datapath(&[]);
     // 1 ms per packet; 2 threads × 20,000 packets = 40 s of departures, far ahead of the real
     // time the runs take, so every packet after the first finds the class backlogged.
-    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 100 * SECOND, ..ClassConfig::default() }).unwrap();
+    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 100 * SECOND, ..ClassConfig::default() })
+        .unwrap();
     let packet = ipv4(
         &Frame { payload: 1000 - 14 - 20 - 32, ..Frame::default() },
         Ipv4Addr::LOCALHOST,
@@ -368,7 +372,12 @@ fn codel_drops_or_marks_once_the_delay_stays_above_target_for_an_interval() {
     // Once the queue drains below target, the dropping state ends.
     dp.set_class(
         DEFAULT,
-        ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: 10 * SECOND, codel_target_ns: 1_000_000, codel_interval_ns: 2_000_000 },
+        ClassConfig {
+            rate_bytes: 1_000_000_000,
+            horizon_ns: 10 * SECOND,
+            codel_target_ns: 1_000_000,
+            codel_interval_ns: 2_000_000,
+        },
     )
     .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(30));

@@ -62,7 +62,11 @@ fn per_class_counters_match_bytes_that_crossed_the_veth() {
             dp.load_rules(&compile(&rules).unwrap()).unwrap();
             for class in 1..=4 {
                 // Fast enough that nothing waits: this kernel would not hold packets anyway.
-                dp.set_class(class, ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: 1_000_000_000, ..ClassConfig::default() }).unwrap();
+                dp.set_class(
+                    class,
+                    ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: 1_000_000_000, ..ClassConfig::default() },
+                )
+                .unwrap();
             }
             dp.attach("lan0").expect("attaching to lan0");
             (dp, ifindex)

@@ -57,7 +57,11 @@ fn datapath(rules: &[RuleSpec]) -> Datapath {
     dp.load_rules(&compile(rules).expect("compiling rules")).unwrap();
     for class in 0..=20 {
         // Fast enough that the class clock never runs into the horizon during the runs.
-        dp.set_class(class, ClassConfig { rate_bytes: 1_000_000_000_000, horizon_ns: 10_000_000_000, ..ClassConfig::default() }).unwrap();
+        dp.set_class(
+            class,
+            ClassConfig { rate_bytes: 1_000_000_000_000, horizon_ns: 10_000_000_000, ..ClassConfig::default() },
+        )
+        .unwrap();
     }
     dp
 }

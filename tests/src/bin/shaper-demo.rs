@@ -135,7 +135,7 @@ fn main() -> anyhow::Result<()> {
         let mut points: Vec<(usize, f64, f64)> = Vec::new();
         for (host, offset, client) in running {
             for i in receiver_intervals(client) {
-                points.push((host, offset + (i.start + i.end) / 2.0, i.bits_per_second * factor / 1e6));
+                points.push((host, offset + f64::midpoint(i.start, i.end), i.bits_per_second * factor / 1e6));
             }
         }
         for mut s in servers {
