@@ -307,17 +307,19 @@ pub fn veth(a: &Netns, a_if: &str, a_addrs: &[&str], b: &Netns, b_if: &str, b_ad
     }
 }
 
-/// Path of one of the workspace's binaries (`shaperd`, `shaperctl`), next to the test
-/// executable's `deps/` folder. `cargo test --workspace` and `cargo xtask test` build them.
+/// Path of one of the workspace's binaries (`shaperd`, `shaperctl`): next to the running
+/// executable (the demo and bench binaries) or next to its `deps/` folder (test
+/// executables). `cargo test --workspace` and `cargo xtask test` build them.
 #[must_use]
 pub fn bin(name: &str) -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe.parent().and_then(std::path::Path::parent).expect("target/<profile>/deps/<test>");
-    let path = dir.join(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo build --workspace --bins` (cargo xtask test does)",
-        path.display()
-    );
-    path
+    let exe = std::env::current_exe().expect("executable path");
+    let dir = exe.parent().expect("executable in a folder");
+    let candidates = [Some(dir), dir.parent()];
+    let found = candidates.iter().flatten().map(|d| d.join(name)).find(|p| p.is_file());
+    found.unwrap_or_else(|| {
+        panic!(
+            "{name} is missing next to {}: run `cargo build --workspace --bins` (cargo xtask test does)",
+            exe.display()
+        )
+    })
 }
