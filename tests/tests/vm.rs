@@ -572,7 +572,7 @@ fn interactive_traffic_keeps_low_latency_while_bulk_saturates_the_link() {
     println!("  shaper, inside the bulk class:  {:8.2} ms (CoDel, target 5 ms, interval 100 ms)", ours.1);
     assert!(ours.0 < 10.0, "interactive p99 {} ms", ours.0);
     // The bar for the delay inside a saturated class is 20 ms; measured here it is
-    // 18-25 ms (run to run), so this asserts what holds: CoDel keeps it two orders of
+    // 18-27 ms (run to run), so this asserts what holds: CoDel keeps it two orders of
     // magnitude below the FIFO's seconds.
     assert!(ours.1 < 50.0 && ours.1 * 20.0 < fifo.0, "in-class p99 {} ms (FIFO {} ms)", ours.1, fifo.0);
     assert!(ours.2 > 8.5, "the bulk class still gets its share: {} mbit/s", ours.2);
