@@ -215,6 +215,21 @@ pub const TC_ACT_OK: u32 = 0;
 /// `TC_ACT_SHOT`.
 pub const TC_ACT_SHOT: u32 = 2;
 
+/// `BPF_PROG_TEST_RUN` runs tc programs on the loopback device.
+pub const LO: u32 = 1;
+
+/// A freshly loaded datapath with `rules` compiled in and the loopback device shaped, its
+/// unmatched packets going to `default_class`; classes are unpaced until set.
+#[must_use]
+pub fn loopback_datapath(rules: &[shaper::rules::RuleSpec], default_class: u32) -> Datapath {
+    require_root();
+    let mut dp = Datapath::load().expect("loading the tc program");
+    let iface = shaper_common::IfaceConfig { slot: 0, default_class, overhead: 0, flags: shaper_common::IFACE_ENABLED };
+    dp.set_iface(LO, iface).expect("setting the loopback interface");
+    dp.load_rules(&shaper::rules::compile(rules).expect("compiling rules")).expect("loading rules");
+    dp
+}
+
 /// Runs the datapath's program on `packet` with the given skb fields, `repeat` times.
 pub fn run(dp: &Datapath, packet: &[u8], ctx: SkbCtx, repeat: u32) -> RunResult {
     let ctx_in = ctx.to_bytes();

@@ -10,26 +10,17 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use shaper::{
-    bpf::Datapath,
-    rules::{compile, RuleSpec},
-};
+use shaper::{bpf::Datapath, rules::RuleSpec};
 use shaper_common::{ClassConfig, IfaceConfig, IFACE_ENABLED};
-use shaper_tests::{ipv4, ipv6, monotonic_ns, require_root, run, Frame, SkbCtx, L4, TC_ACT_OK, TC_ACT_SHOT};
+use shaper_tests::{ipv4, ipv6, loopback_datapath, monotonic_ns, run, Frame, SkbCtx, L4, LO, TC_ACT_OK, TC_ACT_SHOT};
 
-/// `BPF_PROG_TEST_RUN` runs tc programs on the loopback device.
-const LO: u32 = 1;
 const DEFAULT: u32 = 9;
 const SECOND: u64 = 1_000_000_000;
 
 /// A datapath with `rules` loaded, the loopback device shaped with default class `DEFAULT`,
 /// and classes 0..=DEFAULT unpaced unless set later.
 fn datapath(rules: &[RuleSpec]) -> Datapath {
-    require_root();
-    let mut dp = Datapath::load().expect("loading the tc program");
-    dp.set_iface(LO, IfaceConfig { slot: 0, default_class: DEFAULT, overhead: 0, flags: IFACE_ENABLED }).unwrap();
-    dp.load_rules(&compile(rules).unwrap()).unwrap();
-    dp
+    loopback_datapath(rules, DEFAULT)
 }
 
 /// Runs one packet and returns the class whose packet counter moved.

@@ -12,18 +12,13 @@
 use std::net::Ipv4Addr;
 
 use ipnet::IpNet;
-use shaper::{
-    bpf::Datapath,
-    rules::{compile, RuleSpec},
-};
-use shaper_common::{ClassConfig, IfaceConfig, IFACE_ENABLED};
-use shaper_tests::{ipv4, require_root, run, Frame, SkbCtx, L4};
+use shaper::{bpf::Datapath, rules::RuleSpec};
+use shaper_common::ClassConfig;
+use shaper_tests::{ipv4, loopback_datapath, require_root, run, Frame, SkbCtx, L4};
 
 /// Runs per measurement, and measurements per figure (the median is reported).
 const REPEAT: u32 = 200_000;
 const SAMPLES: usize = 7;
-/// `BPF_PROG_TEST_RUN` runs tc programs on the loopback device.
-const LO: u32 = 1;
 
 fn host_rules(n: u32) -> Vec<RuleSpec> {
     (0..n)
@@ -52,9 +47,7 @@ fn mixed_rules() -> Vec<RuleSpec> {
 }
 
 fn datapath(rules: &[RuleSpec]) -> Datapath {
-    let mut dp = Datapath::load().expect("loading the tc program");
-    dp.set_iface(LO, IfaceConfig { slot: 0, default_class: 20, overhead: 0, flags: IFACE_ENABLED }).unwrap();
-    dp.load_rules(&compile(rules).expect("compiling rules")).unwrap();
+    let mut dp = loopback_datapath(rules, 20);
     for class in 0..=20 {
         // Fast enough that the class clock never runs into the horizon during the runs.
         dp.set_class(
