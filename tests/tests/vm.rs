@@ -209,7 +209,10 @@ fn set_rate_changes_the_measured_rate_within_a_second() {
         println!("  [{:5.2}, {:5.2}) {:.3} mbit/s", i.start, i.end, i.bits_per_second * WIRE_PER_GOODPUT / 1e6);
     }
     // Windows of a few seconds: the receiver's delivery jitter is a few percent of them.
-    assert!((before / 2e6 - 1.0).abs() < 0.05, "before: {before}");
+    // Before the change c2 may also borrow a little: whenever bulk's TCP flow dips below its
+    // share for a tick, the spare goes to c2 (up to its ceil), so only the upper bound is
+    // wider (2.0, 2.09 and 2.2 mbit/s in three runs).
+    assert!(before > 1.9e6 && before < 2.3e6, "before: {before}");
     assert!((after / 4e6 - 1.0).abs() < 0.05, "from 1 s after the change on: {after}");
     // Within a second of the change the rate has moved past the midpoint of old and new (a
     // single second's goodput jitters as TCP recovers from drops).
