@@ -162,8 +162,6 @@ pub struct ClassStats {
     /// Dropped because the departure time was beyond the horizon.
     pub drop_horizon_bytes: u64,
     pub drop_horizon_packets: u64,
-    /// Dropped because the class's pacing state could not be updated (contention).
-    pub drop_contention_packets: u64,
     /// Packets given a departure time in the future, and the sum of those delays.
     pub delayed_packets: u64,
     pub delay_ns_total: u64,
@@ -183,7 +181,6 @@ impl ClassStats {
         self.packets += o.packets;
         self.drop_horizon_bytes += o.drop_horizon_bytes;
         self.drop_horizon_packets += o.drop_horizon_packets;
-        self.drop_contention_packets += o.drop_contention_packets;
         self.delayed_packets += o.delayed_packets;
         self.delay_ns_total += o.delay_ns_total;
         self.unpaced_packets += o.unpaced_packets;
@@ -201,7 +198,7 @@ const _: () = assert!(core::mem::size_of::<Tuple>() == 56);
 const _: () = assert!(core::mem::size_of::<RuleTarget>() == 8);
 const _: () = assert!(core::mem::size_of::<ClassConfig>() == 32);
 const _: () = assert!(core::mem::size_of::<ClassState>() == 40);
-const _: () = assert!(core::mem::size_of::<ClassStats>() == 88);
+const _: () = assert!(core::mem::size_of::<ClassStats>() == 80);
 
 #[cfg(feature = "user")]
 mod pod {

@@ -3,8 +3,6 @@
 //! The object is built from `shaper-ebpf` by `build.rs` and embedded in the binary, so
 //! `shaperd` has no file to find at run time.
 
-use std::collections::HashMap as StdHashMap;
-
 use aya::{
     maps::{Array, HashMap, MapData, MapError, PerCpuArray},
     programs::{
@@ -256,11 +254,6 @@ impl Datapath {
         let per_cpu =
             self.class_stats.get(&class, 0).map_err(map_err(maps::CLASS_STATS, format!("reading class {class}")))?;
         Ok(per_cpu.iter().fold(ClassStats::default(), ClassStats::merge))
-    }
-
-    /// Every class's counters.
-    pub fn all_stats(&self, classes: u32) -> Result<StdHashMap<u32, ClassStats>, BpfError> {
-        (0..classes).map(|c| Ok((c, self.class_stats(c)?))).collect()
     }
 }
 

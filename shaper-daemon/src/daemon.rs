@@ -369,7 +369,7 @@ impl State {
         let mut out = Vec::new();
         for (class, entry) in self.config.classes.iter().zip(&self.classes) {
             let s = self.datapath.class_stats(entry.id).map_err(|e| ApiError::Internal { message: format!("{e}") })?;
-            let drops = s.drop_horizon_packets + s.drop_contention_packets + s.drop_aqm_packets;
+            let drops = s.drop_horizon_packets + s.drop_aqm_packets;
             out.push(ClassStatus {
                 name: class.name.clone(),
                 interface: class.interface.clone(),
