@@ -19,6 +19,24 @@ pub const MAX_RULE_ENTRIES: u32 = 65536;
 /// Port interval ids (one array slot per port number).
 pub const PORT_SLOTS: u32 = 65536;
 
+/// Buckets of the per-class added-delay histogram.
+pub const DELAY_BUCKETS: usize = 16;
+/// The smallest bucket's upper bound (ns); bucket `i < DELAY_BUCKETS - 1` counts packets whose
+/// added delay is at most `DELAY_BUCKET_BASE_NS << i` (125 µs, 250 µs, ... 2.048 s) and above
+/// the previous bound; the last bucket counts the rest.
+pub const DELAY_BUCKET_BASE_NS: u64 = 125_000;
+
+/// The histogram bucket of an added delay (see [`DELAY_BUCKET_BASE_NS`]).
+#[inline(always)]
+#[must_use]
+pub fn delay_bucket(delay_ns: u64) -> usize {
+    let mut i = 0;
+    while i < DELAY_BUCKETS - 1 && delay_ns > DELAY_BUCKET_BASE_NS << i {
+        i += 1;
+    }
+    i
+}
+
 /// Map names, as they appear in the object file.
 pub mod maps {
     pub const IFACES: &str = "IFACES";
@@ -171,6 +189,8 @@ pub struct ClassStats {
     pub ecn_marked_packets: u64,
     pub drop_aqm_packets: u64,
     pub drop_aqm_bytes: u64,
+    /// Packets sent (segments for GSO packets) by added delay, see [`delay_bucket`].
+    pub delay_hist: [u64; DELAY_BUCKETS],
 }
 
 impl ClassStats {
@@ -187,6 +207,9 @@ impl ClassStats {
         self.ecn_marked_packets += o.ecn_marked_packets;
         self.drop_aqm_packets += o.drop_aqm_packets;
         self.drop_aqm_bytes += o.drop_aqm_bytes;
+        for (a, b) in self.delay_hist.iter_mut().zip(&o.delay_hist) {
+            *a += b;
+        }
         self
     }
 }
@@ -198,7 +221,7 @@ const _: () = assert!(core::mem::size_of::<Tuple>() == 56);
 const _: () = assert!(core::mem::size_of::<RuleTarget>() == 8);
 const _: () = assert!(core::mem::size_of::<ClassConfig>() == 32);
 const _: () = assert!(core::mem::size_of::<ClassState>() == 40);
-const _: () = assert!(core::mem::size_of::<ClassStats>() == 80);
+const _: () = assert!(core::mem::size_of::<ClassStats>() == 80 + 8 * DELAY_BUCKETS);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -212,4 +235,20 @@ mod pod {
     unsafe impl aya::Pod for super::ClassConfig {}
     unsafe impl aya::Pod for super::ClassState {}
     unsafe impl aya::Pod for super::ClassStats {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delay_buckets_double_from_125_microseconds() {
+        assert_eq!(delay_bucket(0), 0);
+        assert_eq!(delay_bucket(125_000), 0);
+        assert_eq!(delay_bucket(125_001), 1);
+        assert_eq!(delay_bucket(250_000), 1);
+        assert_eq!(delay_bucket(5_000_000), 6); // 4 ms < 5 ms <= 8 ms
+        assert_eq!(delay_bucket(DELAY_BUCKET_BASE_NS << (DELAY_BUCKETS - 2)), DELAY_BUCKETS - 2);
+        assert_eq!(delay_bucket(u64::MAX), DELAY_BUCKETS - 1);
+    }
 }

@@ -22,8 +22,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use shaper_common::{
-    ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple, IFACE_L3, MAX_CLASSES,
-    MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS,
+    delay_bucket, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple, IFACE_L3,
+    MAX_CLASSES, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS,
 };
 
 #[map]
@@ -160,6 +160,7 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) ->
             stats.unpaced_packets += segs;
             stats.bytes += bytes;
             stats.packets += segs;
+            stats.delay_hist[0] += segs;
             return TC_ACT_OK;
         }
     };
@@ -186,9 +187,7 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) ->
         edt::Verdict::Send { depart, delay, cost } => {
             if config.codel_target_ns != 0 {
                 // SAFETY: as above.
-                let signal = unsafe {
-                    aqm::codel(state, delay, now, config.codel_target_ns, config.codel_interval_ns)
-                };
+                let signal = unsafe { aqm::codel(state, delay, now, config.codel_target_ns, config.codel_interval_ns) };
                 if let aqm::Signal::Congested = signal {
                     if mark_ce(ctx, ip) {
                         stats.ecn_marked_packets += segs;
@@ -204,6 +203,9 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) ->
             if delay > 0 {
                 stats.delayed_packets += segs;
                 stats.delay_ns_total += delay;
+            }
+            if let Some(b) = stats.delay_hist.get_mut(delay_bucket(delay)) {
+                *b += segs;
             }
             stats.bytes += bytes;
             stats.packets += segs;

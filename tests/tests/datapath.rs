@@ -200,6 +200,13 @@ fn edt_spaces_packets_by_wire_length_over_rate() {
         "{}",
         s.delay_ns_total
     );
+    // The histogram: one packet sent at once (<= 125 us), one delayed by just under 1 ms
+    // (bucket <= 1 ms), one by just under 2 ms (bucket <= 2 ms).
+    let mut expected = [0; shaper_common::DELAY_BUCKETS];
+    expected[0] = 1;
+    expected[3] = 1;
+    expected[4] = 1;
+    assert_eq!(s.delay_hist, expected);
 }
 
 #[test]
