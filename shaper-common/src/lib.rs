@@ -14,7 +14,13 @@ pub const MAX_INTERFACES: u32 = 64;
 /// Most distinct rule shapes ("tuples"). A packet costs one hash lookup per tuple that can
 /// still beat the best match found so far, whatever the number of rules.
 pub const MAX_TUPLES: u32 = 32;
-/// Most compiled rule entries (one rule with a port range may need several).
+/// Rule sets are double-buffered: `TUPLES`, `SPORT_IDS` and `DPORT_IDS` hold two banks
+/// (bank `b` starts at `b * MAX_TUPLES` and `b * PORT_SLOTS`), and a tuple's id in `RULES`
+/// keys is its `TUPLES` index, so the two banks' entries never collide. The daemon writes a
+/// new rule set into the inactive bank and switches `Globals` in one write: a packet sees the
+/// old rules or the new ones, never a mix.
+pub const RULE_BANKS: u32 = 2;
+/// Most compiled rule entries per bank (one rule with a port range may need several).
 pub const MAX_RULE_ENTRIES: u32 = 65536;
 /// Port interval ids (one array slot per port number).
 pub const PORT_SLOTS: u32 = 65536;
@@ -79,9 +85,10 @@ pub struct IfaceConfig {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Globals {
-    /// How many entries of `TUPLES` are valid (they are packed from index 0).
+    /// How many tuples the active rule bank has (packed from the bank's first `TUPLES` slot).
     pub tuple_count: u32,
-    pub _pad: u32,
+    /// The active rule bank, 0 or 1 (see [`RULE_BANKS`]).
+    pub bank: u32,
 }
 
 /// The fields a packet is classified on. The same layout is the key of `RULES`: a rule is

@@ -14,7 +14,7 @@ use aya::{
 };
 use shaper_common::{
     maps, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple, MAX_CLASSES,
-    PASS_PROGRAM_NAME, PROGRAM_NAME,
+    MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS, PROGRAM_NAME,
 };
 
 use crate::rules::Compiled;
@@ -91,6 +91,16 @@ pub struct Datapath {
     links: Vec<(String, SchedClassifierLinkId)>,
     /// Interfaces whose clsact qdisc this process added (removed again on detach).
     added_clsact: Vec<String>,
+    /// What each rule bank holds, as written by this process (`None`: unknown, written by an
+    /// earlier process into pinned maps).
+    banks: [Option<BankContents>; 2],
+}
+
+/// The `RULES` keys and the ports with interval ids that one rule bank holds.
+#[derive(Default)]
+struct BankContents {
+    keys: Vec<RuleKey>,
+    ports: Vec<u32>,
 }
 
 fn take<T: TryFrom<aya::maps::Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, BpfError> {
@@ -121,6 +131,8 @@ impl Datapath {
             ebpf,
             links: Vec::new(),
             added_clsact: Vec::new(),
+            // Fresh maps: both banks are empty.
+            banks: [Some(BankContents::default()), Some(BankContents::default())],
         })
     }
 
@@ -204,31 +216,76 @@ impl Datapath {
         self.ifaces.insert(ifindex, config, 0).map_err(map_err(maps::IFACES, format!("setting ifindex {ifindex}")))
     }
 
-    /// Writes compiled rules. Entries go in before the tuple count that makes them
-    /// reachable, so a packet never sees a tuple without its entries.
+    /// Replaces the rule set: writes `compiled` into the inactive bank (see
+    /// [`shaper_common::RULE_BANKS`]), then makes it the active one with a single write of
+    /// `GLOBALS`, so that packets are classified by the old rules or the new ones, never by a
+    /// mix. The bank written now was last active two rule sets ago; what it held is cleared
+    /// first (packets that were still reading it have long finished).
     pub fn load_rules(&mut self, compiled: &Compiled) -> Result<(), BpfError> {
+        let active = self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the active rule bank"))?.bank & 1;
+        let bank = 1 - active;
+        self.clear_bank(bank)?;
+        let port_base = bank * PORT_SLOTS;
+        let mut ports = Vec::new();
         for (port, (&s, &d)) in compiled.sport_ids.iter().zip(&compiled.dport_ids).enumerate() {
             let port = u32::try_from(port).expect("65536 ports");
             if s != 0 {
-                self.sport_ids.set(port, s, 0).map_err(map_err(maps::SPORT_IDS, format!("port {port}")))?;
+                self.sport_ids.set(port_base + port, s, 0).map_err(map_err(maps::SPORT_IDS, format!("port {port}")))?;
             }
             if d != 0 {
-                self.dport_ids.set(port, d, 0).map_err(map_err(maps::DPORT_IDS, format!("port {port}")))?;
+                self.dport_ids.set(port_base + port, d, 0).map_err(map_err(maps::DPORT_IDS, format!("port {port}")))?;
+            }
+            if s != 0 || d != 0 {
+                ports.push(port);
             }
         }
+        let tuple_base = u16::try_from(bank * MAX_TUPLES).expect("small");
+        let mut keys = Vec::with_capacity(compiled.entries.len());
         for (key, target) in &compiled.entries {
+            let key = RuleKey { tuple: key.tuple + tuple_base, ..*key };
             self.rules
                 .insert(key, target, 0)
                 .map_err(map_err(maps::RULES, format!("inserting the entry of rule {}", target.rule)))?;
+            keys.push(key);
         }
         for (i, tuple) in compiled.tuples.iter().enumerate() {
-            let i = u32::try_from(i).expect("at most MAX_TUPLES");
+            let i = bank * MAX_TUPLES + u32::try_from(i).expect("at most MAX_TUPLES");
             self.tuples.set(i, tuple, 0).map_err(map_err(maps::TUPLES, format!("tuple {i}")))?;
         }
         let count = u32::try_from(compiled.tuples.len()).expect("at most MAX_TUPLES");
         self.globals
-            .set(0, Globals { tuple_count: count, _pad: 0 }, 0)
-            .map_err(map_err(maps::GLOBALS, "setting the tuple count"))
+            .set(0, Globals { tuple_count: count, bank }, 0)
+            .map_err(map_err(maps::GLOBALS, "switching to the new rule bank"))?;
+        self.banks[bank as usize] = Some(BankContents { keys, ports });
+        Ok(())
+    }
+
+    /// Empties rule bank `bank`: the entries and port ids this process wrote there, or, for a
+    /// bank written by an earlier process (pinned maps), every entry of the bank.
+    fn clear_bank(&mut self, bank: u32) -> Result<(), BpfError> {
+        let port_base = bank * PORT_SLOTS;
+        let (keys, ports) = match self.banks[bank as usize].take() {
+            Some(BankContents { keys, ports }) => (keys, ports),
+            None => {
+                let range = bank * MAX_TUPLES..(bank + 1) * MAX_TUPLES;
+                let keys: Vec<RuleKey> =
+                    self.rules.keys().filter_map(Result::ok).filter(|k| range.contains(&u32::from(k.tuple))).collect();
+                (keys, (0..PORT_SLOTS).collect())
+            }
+        };
+        for key in &keys {
+            match self.rules.remove(key) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(source) => {
+                    return Err(BpfError::Map { name: maps::RULES, action: "clearing a rule bank".into(), source })
+                }
+            }
+        }
+        for port in ports {
+            self.sport_ids.set(port_base + port, 0, 0).map_err(map_err(maps::SPORT_IDS, format!("port {port}")))?;
+            self.dport_ids.set(port_base + port, 0, 0).map_err(map_err(maps::DPORT_IDS, format!("port {port}")))?;
+        }
+        Ok(())
     }
 
     /// Sets a class's rate (bytes/s; 0 = unpaced) and drop horizon.

@@ -7,21 +7,30 @@
 //! Tuples are sorted by the smallest rule index they hold, so once a match is found, every
 //! tuple whose smallest index is larger can be skipped.
 
-use shaper_common::{RuleKey, RuleTarget, MAX_TUPLES, RULE_KEY_WORDS};
+use shaper_common::{Globals, RuleKey, RuleTarget, MAX_TUPLES, PORT_SLOTS, RULE_KEY_WORDS};
 
 use crate::{DPORT_IDS, GLOBALS, RULES, SPORT_IDS, TUPLES};
 
+/// The active rule bank and its tuple count. Read once per packet, so that a packet is
+/// classified by one rule set even while the daemon switches banks.
+#[inline(always)]
+pub fn rule_set() -> Globals {
+    GLOBALS.get(0).copied().unwrap_or_default()
+}
+
 /// Replaces raw ports in the key by their interval ids (the unit rules are compiled in).
 #[inline(always)]
-pub fn port_ids(key: &mut RuleKey, sport: u16, dport: u16) {
-    key.sport = SPORT_IDS.get(u32::from(sport)).copied().unwrap_or(0);
-    key.dport = DPORT_IDS.get(u32::from(dport)).copied().unwrap_or(0);
+pub fn port_ids(set: Globals, key: &mut RuleKey, sport: u16, dport: u16) {
+    let base = (set.bank & 1) * PORT_SLOTS;
+    key.sport = SPORT_IDS.get(base + u32::from(sport)).copied().unwrap_or(0);
+    key.dport = DPORT_IDS.get(base + u32::from(dport)).copied().unwrap_or(0);
 }
 
 /// Returns the target of the first rule (in file order) that matches `key`.
 #[inline(always)]
-pub fn classify(key: &RuleKey) -> Option<RuleTarget> {
-    let count = GLOBALS.get(0).map_or(0, |g| g.tuple_count);
+pub fn classify(set: Globals, key: &RuleKey) -> Option<RuleTarget> {
+    let count = set.tuple_count;
+    let base = (set.bank & 1) * MAX_TUPLES;
     // SAFETY: RuleKey is repr(C), RULE_KEY_WORDS * 8 bytes long (asserted in shaper-common),
     // and read_unaligned copes with its 4-byte alignment.
     let words: [u64; RULE_KEY_WORDS] = unsafe { core::ptr::read_unaligned(core::ptr::from_ref(key).cast()) };
@@ -31,7 +40,7 @@ pub fn classify(key: &RuleKey) -> Option<RuleTarget> {
         if i >= count {
             break;
         }
-        let Some(tuple) = TUPLES.get(i) else { break };
+        let Some(tuple) = TUPLES.get(base + i) else { break };
         if tuple.min_rule >= best_rule {
             break;
         }
@@ -39,9 +48,9 @@ pub fn classify(key: &RuleKey) -> Option<RuleTarget> {
         for w in 0..RULE_KEY_WORDS {
             masked[w] = words[w] & tuple.mask[w];
         }
-        // The tuple id is the key's first field (bits 0..16 of word 0 on little endian);
-        // masks never keep those bits.
-        masked[0] |= u64::from(i as u16);
+        // The tuple id (its `TUPLES` index) is the key's first field (bits 0..16 of word 0
+        // on little endian); masks never keep those bits.
+        masked[0] |= u64::from((base + i) as u16);
         // SAFETY: same layout argument as above, in the other direction.
         let lookup: RuleKey = unsafe { core::ptr::read_unaligned(masked.as_ptr().cast()) };
         // SAFETY: the value is copied out at once; entries are replaced whole by userspace.

@@ -23,7 +23,7 @@ use aya_ebpf::{
 };
 use shaper_common::{
     delay_bucket, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple, IFACE_L3,
-    MAX_CLASSES, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS,
+    MAX_CLASSES, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS, RULE_BANKS,
 };
 
 #[map]
@@ -31,13 +31,13 @@ static IFACES: HashMap<u32, IfaceConfig> = HashMap::with_max_entries(MAX_INTERFA
 #[map]
 static GLOBALS: Array<Globals> = Array::with_max_entries(1, 0);
 #[map]
-static TUPLES: Array<Tuple> = Array::with_max_entries(MAX_TUPLES, 0);
+static TUPLES: Array<Tuple> = Array::with_max_entries(MAX_TUPLES * RULE_BANKS, 0);
 #[map]
-static RULES: HashMap<RuleKey, RuleTarget> = HashMap::with_max_entries(MAX_RULE_ENTRIES, 0);
+static RULES: HashMap<RuleKey, RuleTarget> = HashMap::with_max_entries(MAX_RULE_ENTRIES * RULE_BANKS, 0);
 #[map]
-static SPORT_IDS: Array<u16> = Array::with_max_entries(PORT_SLOTS, 0);
+static SPORT_IDS: Array<u16> = Array::with_max_entries(PORT_SLOTS * RULE_BANKS, 0);
 #[map]
-static DPORT_IDS: Array<u16> = Array::with_max_entries(PORT_SLOTS, 0);
+static DPORT_IDS: Array<u16> = Array::with_max_entries(PORT_SLOTS * RULE_BANKS, 0);
 #[map]
 static CLASS_CONFIG: Array<ClassConfig> = Array::with_max_entries(MAX_CLASSES, 0);
 #[map]
@@ -74,10 +74,11 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     key.mark = unsafe { (*skb).mark };
     let (class, hdr_len, ip) = match parse::parse(ctx, iface.flags & IFACE_L3 != 0, &mut key) {
         Ok(p) => {
+            let set = classify::rule_set();
             if p.has_ports {
-                classify::port_ids(&mut key, p.sport, p.dport);
+                classify::port_ids(set, &mut key, p.sport, p.dport);
             }
-            let class = classify::classify(&key).map_or(iface.default_class, |t| t.class);
+            let class = classify::classify(set, &key).map_or(iface.default_class, |t| t.class);
             (class, p.hdr_len, IpEcn { family: key.family, l3: p.l3, ecn: p.ecn })
         }
         Err(parse::Malformed) => (iface.default_class, 0, IpEcn { family: 0, l3: 0, ecn: 0 }),

@@ -72,6 +72,28 @@ fn classifies_by_each_rule_kind() {
 }
 
 #[test]
+fn replacing_the_rules_leaves_nothing_of_the_old_ones() {
+    let host = |ip: &str, class| RuleSpec { src: Some(ip.parse().unwrap()), ..RuleSpec::new(0, class) };
+    let a = [host("10.0.0.1/32", 1), RuleSpec { dport: Some((3000, 3999)), ..RuleSpec::new(1, 2) }];
+    let b = [RuleSpec { dport: Some((3500, 3500)), ..RuleSpec::new(0, 3) }];
+    let c = [host("10.0.0.2/32", 4)];
+    let mut dp = datapath(&a);
+    let ctx = SkbCtx::default();
+    let p1 = v4([10, 0, 0, 1], [1, 1, 1, 1], TCP);
+    let p2 = v4([10, 0, 0, 2], [1, 1, 1, 1], L4::Tcp { sport: 1, dport: 3500 });
+    let p3 = v4([10, 0, 0, 3], [1, 1, 1, 1], L4::Tcp { sport: 1, dport: 3100 });
+    assert_eq!([class_of(&dp, &p1, ctx), class_of(&dp, &p2, ctx), class_of(&dp, &p3, ctx)], [1, 2, 2]);
+    // Each rule set goes into the bank the previous one did not use; the third reuses the
+    // first one's bank, which must not keep any of its entries or port ids.
+    dp.load_rules(&shaper::rules::compile(&b).unwrap()).unwrap();
+    assert_eq!([class_of(&dp, &p1, ctx), class_of(&dp, &p2, ctx), class_of(&dp, &p3, ctx)], [DEFAULT, 3, DEFAULT]);
+    dp.load_rules(&shaper::rules::compile(&c).unwrap()).unwrap();
+    assert_eq!([class_of(&dp, &p1, ctx), class_of(&dp, &p2, ctx), class_of(&dp, &p3, ctx)], [DEFAULT, 4, DEFAULT]);
+    dp.load_rules(&shaper::rules::compile(&a).unwrap()).unwrap();
+    assert_eq!([class_of(&dp, &p1, ctx), class_of(&dp, &p2, ctx), class_of(&dp, &p3, ctx)], [1, 2, 2]);
+}
+
+#[test]
 fn first_rule_in_file_order_wins() {
     let rules = vec![
         RuleSpec { src: Some("10.0.0.0/8".parse().unwrap()), ..RuleSpec::new(0, 1) },
