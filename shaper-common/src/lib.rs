@@ -33,6 +33,7 @@ pub const DELAY_BUCKETS: usize = 16;
 pub const DELAY_BUCKET_BASE_NS: u64 = 125_000;
 
 /// The histogram bucket of an added delay (see [`DELAY_BUCKET_BASE_NS`]).
+#[expect(clippy::inline_always, reason = "called per packet in the tc program, which has no calls to spare")]
 #[inline(always)]
 #[must_use]
 pub fn delay_bucket(delay_ns: u64) -> usize {

@@ -264,14 +264,13 @@ impl Datapath {
     /// bank written by an earlier process (pinned maps), every entry of the bank.
     fn clear_bank(&mut self, bank: u32) -> Result<(), BpfError> {
         let port_base = bank * PORT_SLOTS;
-        let (keys, ports) = match self.banks[bank as usize].take() {
-            Some(BankContents { keys, ports }) => (keys, ports),
-            None => {
-                let range = bank * MAX_TUPLES..(bank + 1) * MAX_TUPLES;
-                let keys: Vec<RuleKey> =
-                    self.rules.keys().filter_map(Result::ok).filter(|k| range.contains(&u32::from(k.tuple))).collect();
-                (keys, (0..PORT_SLOTS).collect())
-            }
+        let (keys, ports) = if let Some(BankContents { keys, ports }) = self.banks[bank as usize].take() {
+            (keys, ports)
+        } else {
+            let range = bank * MAX_TUPLES..(bank + 1) * MAX_TUPLES;
+            let keys: Vec<RuleKey> =
+                self.rules.keys().filter_map(Result::ok).filter(|k| range.contains(&u32::from(k.tuple))).collect();
+            (keys, (0..PORT_SLOTS).collect())
         };
         for key in &keys {
             match self.rules.remove(key) {
