@@ -13,7 +13,25 @@
 //! ← {"Ok":{"applied":{"class":"alex","rate":2000000}}}
 //! → {"cmd":"set-rate","class":"nobody","rate":"2mbit"}
 //! ← {"Err":{"kind":"unknown-class","message":"no class named `nobody`; classes: alex, betty"}}
+//! → {"cmd":"set-ceil","class":"alex","ceil":"8mbit"}
+//! → {"cmd":"set-prio","class":"alex","prio":0}
+//! ← {"Ok":{"changed":{"generation":3,"changes":["class alex: prio 1 -> 0"]}}}
+//! → {"cmd":"reload"}
+//! ← {"Ok":{"changed":{"generation":4,"changes":["class carl: added", ...]}}}
 //! ```
+//!
+//! | `cmd` | fields | does |
+//! |---|---|---|
+//! | `status` | | every class: configuration, allocation, throughput, counters |
+//! | `set-rate` | `class`, `rate` | changes a class's guaranteed rate |
+//! | `set-ceil` | `class`, `ceil` | changes a class's ceiling |
+//! | `set-prio` | `class`, `prio` | changes a class's priority (0-7, lower first) |
+//! | `reload` | | re-reads the configuration file (as SIGHUP does) |
+//!
+//! A change is made to the configuration's text and the result is validated as a whole file
+//! would be (children's rates within the parent's, ceil at least rate...), then applied to
+//! the datapath at once: nothing is applied when anything is wrong. Every applied change
+//! increments the configuration *generation*.
 //!
 //! A reply is `Result<Response, ApiError>` as serde writes it (`{"Ok": …}` or `{"Err": …}`).
 //! A line longer than [`MAX_LINE`] bytes, or that is not a request, gets an `Err` reply of
@@ -61,6 +79,12 @@ pub enum Request {
     Status {},
     /// Sets a class's guaranteed rate.
     SetRate { class: String, rate: Rate },
+    /// Sets a class's ceiling.
+    SetCeil { class: String, ceil: Rate },
+    /// Sets a class's priority.
+    SetPrio { class: String, prio: u8 },
+    /// Re-reads the configuration file.
+    Reload {},
 }
 
 /// A successful answer.
@@ -68,12 +92,20 @@ pub enum Request {
 #[serde(rename_all = "kebab-case")]
 pub enum Response {
     Status(Status),
-    Applied { class: String, rate: Rate },
+    /// A change was applied: the new configuration generation and what changed.
+    Changed {
+        generation: u64,
+        changes: Vec<String>,
+    },
 }
 
 /// What `status` reports.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
+    /// The configuration file the daemon runs from.
+    pub config: PathBuf,
+    /// Incremented by every applied change (runtime change or reload).
+    pub generation: u64,
     pub classes: Vec<ClassStatus>,
 }
 
@@ -92,6 +124,10 @@ pub struct ClassStatus {
     pub prio: u8,
     /// The rate the datapath paces the class at now.
     pub current_rate: Rate,
+    /// The allocator's share for the class (for an inner class, its children's sum).
+    pub allocated: Rate,
+    /// Offered rate (sent and dropped) over the last 200 ms, for leaves.
+    pub throughput: Rate,
     /// Wire bytes and packets sent.
     pub bytes: u64,
     pub packets: u64,
@@ -104,6 +140,9 @@ pub struct ClassStatus {
     /// Packets given a later departure time, and their mean added delay.
     pub delayed_packets: u64,
     pub mean_delay_us: u64,
+    /// The 99th percentile of the added delay over the last second (the upper bound of its
+    /// histogram bucket), if the class sent anything.
+    pub p99_delay_us: Option<u64>,
 }
 
 /// Why a request failed.
@@ -116,6 +155,8 @@ pub enum ApiError {
     UnknownClass { message: String },
     #[error("{message}")]
     InvalidRate { message: String },
+    #[error("{message}")]
+    InvalidConfig { message: String },
     #[error("{message}")]
     Internal { message: String },
 }
@@ -319,8 +360,12 @@ mod tests {
 
     #[test]
     fn replies_carry_rates_in_bits_per_second() {
-        let ok: Reply = Ok(Response::Applied { class: "alex".into(), rate: Rate::from_bits_per_sec(1_900_000) });
-        assert_eq!(serde_json::to_string(&ok).unwrap(), r#"{"Ok":{"applied":{"class":"alex","rate":1900000}}}"#);
+        let ok: Reply =
+            Ok(Response::Changed { generation: 2, changes: vec!["class alex: rate 2mbit -> 1.9mbit".into()] });
+        assert_eq!(
+            serde_json::to_string(&ok).unwrap(),
+            r#"{"Ok":{"changed":{"generation":2,"changes":["class alex: rate 2mbit -> 1.9mbit"]}}}"#
+        );
         let err: Reply = Err(ApiError::UnknownClass { message: "no class named `x`".into() });
         let text = serde_json::to_string(&err).unwrap();
         assert_eq!(text, r#"{"Err":{"kind":"unknown-class","message":"no class named `x`"}}"#);
@@ -332,7 +377,10 @@ mod tests {
         async fn handle(&self, request: Request) -> Reply {
             match request {
                 Request::Status {} => Ok(Response::Status(Status::default())),
-                Request::SetRate { class, rate } => Ok(Response::Applied { class, rate }),
+                Request::SetRate { class, rate } => {
+                    Ok(Response::Changed { generation: 1, changes: vec![format!("class {class}: rate {rate}")] })
+                }
+                _ => Err(ApiError::Internal { message: "not in this test".into() }),
             }
         }
     }
@@ -354,7 +402,7 @@ mod tests {
         let set = Request::SetRate { class: "a".into(), rate: Rate::from_bits_per_sec(8) };
         assert_eq!(
             client.call(&set).await.unwrap(),
-            Ok(Response::Applied { class: "a".into(), rate: Rate::from_bits_per_sec(8) })
+            Ok(Response::Changed { generation: 1, changes: vec!["class a: rate 8bit".into()] })
         );
 
         let mut raw = UnixStream::connect(&path).await.unwrap();

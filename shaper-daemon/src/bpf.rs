@@ -4,7 +4,7 @@
 //! `shaperd` has no file to find at run time.
 
 use aya::{
-    maps::{Array, HashMap, MapData, MapError, PerCpuArray},
+    maps::{Array, HashMap, MapData, MapError, PerCpuArray, PerCpuValues},
     programs::{
         tc::{self, SchedClassifierLinkId, TcError},
         ProgramError, SchedClassifier, TcAttachType,
@@ -293,6 +293,27 @@ impl Datapath {
             return Err(BpfError::ClassId(class));
         }
         self.class_config.set(class, config, 0).map_err(map_err(maps::CLASS_CONFIG, format!("class {class}")))
+    }
+
+    /// Zeroes a class's counters and pacing state (for a class id that is given up).
+    pub fn reset_class(&mut self, class: u32) -> Result<(), BpfError> {
+        if class >= MAX_CLASSES {
+            return Err(BpfError::ClassId(class));
+        }
+        let cpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Map {
+            name: maps::CLASS_STATS,
+            action: "counting the possible CPUs".into(),
+            source: MapError::IoError(source),
+        })?;
+        let zeros = PerCpuValues::try_from(vec![ClassStats::default(); cpus]).map_err(|source| BpfError::Map {
+            name: maps::CLASS_STATS,
+            action: format!("zeroing class {class}"),
+            source: MapError::IoError(source),
+        })?;
+        self.class_stats.set(class, zeros, 0).map_err(map_err(maps::CLASS_STATS, format!("zeroing class {class}")))?;
+        self.class_state
+            .set(class, ClassState::default(), 0)
+            .map_err(map_err(maps::CLASS_STATE, format!("zeroing class {class}")))
     }
 
     /// A class's current pacing parameters.

@@ -5,21 +5,27 @@
 //! the binary does with SIGTERM.
 
 use std::{
-    future::Future,
+    collections::VecDeque,
     path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use shaper_common::{ClassConfig, IfaceConfig, IFACE_ENABLED, IFACE_L3};
+use shaper_common::{
+    ClassConfig, IfaceConfig, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, IFACE_ENABLED, IFACE_L3, MAX_CLASSES,
+};
 use tokio::sync::{watch, Mutex};
-use tracing::{debug, info, instrument, warn};
+use tracing::{debug, error, info, instrument, warn};
 
 use crate::{
     api::{ApiError, ClassStatus, Handler, Reply, Request, Response, Server, SocketError, Status},
     bpf::{BpfError, Datapath},
-    config::{Class, Config},
+    config::{
+        edit::{self, ClassKey, EditError, NewValue},
+        Class, Config,
+    },
     control::{self, Meter, Observation},
+    metrics::{self, ClassSample, Metrics, Snapshot},
     qdisc::{self, FqGuard, QdiscError},
     rate::Rate,
     rules::{self, CompileError, RuleSpec},
@@ -31,6 +37,8 @@ use crate::{
 /// enough that an idle class gives its share back within the 300 ms the shares must settle
 /// in.
 const METER_WINDOW: Duration = Duration::from_millis(200);
+/// The window of the added-delay percentile that `status` reports.
+const DELAY_WINDOW: Duration = Duration::from_secs(1);
 
 /// Why the daemon could not start (or stop cleanly).
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +57,12 @@ pub enum DaemonError {
     Bpf(#[from] BpfError),
     #[error(transparent)]
     Socket(#[from] SocketError),
+    #[error("listening for Prometheus on {addr} (daemon.metrics_listen)")]
+    Metrics {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// A class as the daemon tracks it.
@@ -62,6 +76,51 @@ struct ClassEntry {
     /// The allocator's last share for the class (inner classes: their children's sum).
     allocated: Rate,
     meter: Meter,
+    /// The offered rate the meter last read.
+    throughput: Rate,
+    /// Delay histograms over the last second, oldest first, for the p99 in `status`.
+    delays: VecDeque<(Instant, [u64; DELAY_BUCKETS])>,
+}
+
+impl ClassEntry {
+    fn new(id: u32, leaf: bool, rate: Rate) -> Self {
+        Self {
+            id,
+            leaf,
+            current: if leaf { rate } else { Rate::ZERO },
+            allocated: Rate::ZERO,
+            meter: Meter::new(METER_WINDOW),
+            throughput: Rate::ZERO,
+            delays: VecDeque::new(),
+        }
+    }
+
+    /// Records the class's delay histogram, keeping one second of history.
+    fn record_delays(&mut self, now: Instant, hist: [u64; DELAY_BUCKETS]) {
+        self.delays.push_back((now, hist));
+        while self.delays.len() > 2 && self.delays.get(1).is_some_and(|d| now.duration_since(d.0) >= DELAY_WINDOW) {
+            self.delays.pop_front();
+        }
+    }
+
+    /// The 99th percentile of the added delay over the recorded window, as the upper bound of
+    /// its bucket (µs); `None` when nothing was sent in the window.
+    fn p99_delay_us(&self) -> Option<u64> {
+        let ((_, first), (_, last)) = (self.delays.front()?, self.delays.back()?);
+        let counts: Vec<u64> = last.iter().zip(first).map(|(l, f)| l.saturating_sub(*f)).collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let mut seen = 0;
+        for (i, c) in counts.iter().enumerate() {
+            seen += c;
+            if seen * 100 >= total * 99 {
+                return Some(if i + 1 == DELAY_BUCKETS { u64::MAX } else { (DELAY_BUCKET_BASE_NS << i) / 1000 });
+            }
+        }
+        None
+    }
 }
 
 /// One interface's class tree; node `n` stands for class `classes[n]` (root: `None`).
@@ -72,9 +131,14 @@ struct IfaceTree {
 
 struct State {
     config: Config,
+    /// One entry per class of `config`, in the same order.
     classes: Vec<ClassEntry>,
     trees: Vec<IfaceTree>,
     datapath: Datapath,
+    /// The index of each interface of `config`, in the same order.
+    ifindexes: Vec<u32>,
+    /// Incremented by every change applied after the start.
+    generation: u64,
 }
 
 fn class_config(class: &Class, rate: Rate) -> ClassConfig {
@@ -138,6 +202,7 @@ fn monotonic_ns() -> u64 {
 
 struct Shared {
     state: Mutex<State>,
+    metrics: Arc<Metrics>,
 }
 
 fn ifindex(name: &str) -> Option<u32> {
@@ -158,21 +223,22 @@ fn horizon_ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// The rules of `config` with class and interface names resolved to ids.
+/// The rules of `config` with class and interface names resolved to ids; `ids[n]` is the
+/// datapath id of `config.classes[n]`.
 #[must_use]
-pub fn rule_specs(config: &Config) -> Vec<RuleSpec> {
-    let class_id = |name: &str| config.classes.iter().position(|c| c.name == name).expect("validated");
+pub fn rule_specs(config: &Config, ids: &[u32]) -> Vec<RuleSpec> {
+    let position = |name: &str| config.classes.iter().position(|c| c.name == name).expect("validated");
     let slot = |iface: &str| config.interfaces.iter().position(|i| i.name == iface).expect("validated");
     config
         .rules
         .iter()
         .map(|r| {
-            let class = &config.classes[class_id(&r.class)];
+            let class = position(&r.class);
             RuleSpec {
                 index: u32::try_from(r.index).expect("fewer rules than u32::MAX"),
                 line: r.line,
-                class: u32::try_from(class_id(&r.class)).expect("at most MAX_CLASSES"),
-                iface_slot: u16::try_from(slot(&class.interface)).expect("at most MAX_INTERFACES"),
+                class: ids[class],
+                iface_slot: u16::try_from(slot(&config.classes[class].interface)).expect("at most MAX_INTERFACES"),
                 src: r.src,
                 dst: r.dst,
                 proto: r.proto,
@@ -185,18 +251,56 @@ pub fn rule_specs(config: &Config) -> Vec<RuleSpec> {
         .collect()
 }
 
-/// Runs the daemon until `shutdown` completes, then detaches and restores every interface.
+/// Datapath ids for the classes of `config`: a class that `previous` (name, id) already has
+/// keeps its id, so its counters and pacing clock carry on; a new class takes the lowest id
+/// that no class of either configuration uses, so no packet of a removed class is counted
+/// for it while the rules switch over.
+fn assign_ids(config: &Config, previous: &[(&str, u32)]) -> Option<Vec<u32>> {
+    let taken: std::collections::HashSet<u32> = previous.iter().map(|&(_, id)| id).collect();
+    let mut free = (0..MAX_CLASSES).filter(|id| !taken.contains(id));
+    config
+        .classes
+        .iter()
+        .map(|c| previous.iter().find(|(name, _)| *name == c.name).map(|&(_, id)| id).or_else(|| free.next()))
+        .collect()
+}
+
+/// What the daemon is asked to do while it runs (the binary maps signals onto these).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signal {
+    /// Re-read the configuration file (SIGHUP).
+    Reload,
+    /// Detach, restore every interface and exit (SIGTERM, SIGINT).
+    Stop,
+}
+
+/// Where the daemon listens.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The control socket.
+    pub socket: PathBuf,
+}
+
+/// Runs the daemon until a [`Signal::Stop`] arrives (or `signals` closes), then detaches and
+/// restores every interface. `ready` is called once shaping is in place and the control
+/// socket listens (the binary tells systemd).
 ///
 /// Everything that can be checked without touching the kernel is checked first; if a later
 /// step fails, what was already changed is undone before the error is returned.
-pub async fn run(config: Config, socket: PathBuf, shutdown: impl Future<Output = ()>) -> Result<(), DaemonError> {
+pub async fn run(
+    config: Config,
+    options: Options,
+    mut signals: tokio::sync::mpsc::Receiver<Signal>,
+    ready: impl FnOnce(),
+) -> Result<(), DaemonError> {
     let mut ifindexes = Vec::new();
     for iface in &config.interfaces {
         let index = ifindex(&iface.name)
             .ok_or_else(|| DaemonError::NoInterface { name: iface.name.clone(), path: config.path.clone() })?;
         ifindexes.push(index);
     }
-    let compiled = rules::compile(&rule_specs(&config))
+    let ids = assign_ids(&config, &[]).expect("validated: at most MAX_CLASSES classes");
+    let compiled = rules::compile(&rule_specs(&config, &ids))
         .map_err(|source| DaemonError::Rules { path: config.path.clone(), source })?;
     let mut datapath = Datapath::load()?;
 
@@ -205,62 +309,63 @@ pub async fn run(config: Config, socket: PathBuf, shutdown: impl Future<Output =
         for iface in &config.interfaces {
             guards.push(qdisc::ensure_fq(&iface.name, iface.replace_qdisc, fq_limits(&config, &iface.name)).await?);
         }
-        for (slot, (iface, &index)) in config.interfaces.iter().zip(&ifindexes).enumerate() {
-            let default = config.classes.iter().position(|c| c.name == iface.default_class).expect("validated");
-            let flags = IFACE_ENABLED | if is_l3(&iface.name) { IFACE_L3 } else { 0 };
-            datapath.set_iface(
-                index,
-                IfaceConfig {
-                    slot: u32::try_from(slot).expect("at most MAX_INTERFACES"),
-                    default_class: u32::try_from(default).expect("at most MAX_CLASSES"),
-                    overhead: iface.overhead,
-                    flags,
-                },
-            )?;
-        }
-        datapath.load_rules(&compiled)?;
         let mut classes = Vec::new();
-        for (id, class) in config.classes.iter().enumerate() {
-            let id = u32::try_from(id).expect("at most MAX_CLASSES");
+        for (class, &id) in config.classes.iter().zip(&ids) {
             let leaf = config.is_leaf(&class.name);
             if leaf {
                 datapath.set_class(id, class_config(class, class.rate))?;
             }
-            classes.push(ClassEntry {
-                id,
-                leaf,
-                current: if leaf { class.rate } else { Rate::ZERO },
-                allocated: Rate::ZERO,
-                meter: Meter::new(METER_WINDOW),
-            });
+            classes.push(ClassEntry::new(id, leaf, class.rate));
         }
+        set_ifaces(&mut datapath, &config, &ifindexes, &ids)?;
+        datapath.load_rules(&compiled)?;
         for iface in &config.interfaces {
             let mode = datapath.attach(&iface.name)?;
             info!(interface = %iface.name, ?mode, "attached at egress");
         }
-        let server = Server::bind(&socket).await?;
-        Ok::<_, DaemonError>((classes, server))
+        let server = Server::bind(&options.socket).await?;
+        let metrics_listener = match config.daemon.metrics_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr).await.map_err(|source| DaemonError::Metrics { addr, source })?,
+            ),
+            None => None,
+        };
+        Ok::<_, DaemonError>((classes, server, metrics_listener))
     }
     .await;
 
-    let (classes, server) = match started {
+    let (classes, server, metrics_listener) = match started {
         Ok(s) => s,
         Err(e) => {
             teardown(&mut datapath, guards).await;
             return Err(e);
         }
     };
-    info!(config = %config.path.display(), socket = %socket.display(), classes = classes.len(), rules = config.rules.len(), "shaping");
+    info!(config = %config.path.display(), socket = %options.socket.display(), classes = classes.len(), rules = config.rules.len(), "shaping");
+    ready();
 
     let tick = config.daemon.tick;
     let trees = trees(&config);
-    let shared = Arc::new(Shared { state: Mutex::new(State { config, classes, trees, datapath }) });
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State { config, classes, trees, datapath, ifindexes, generation: 0 }),
+        metrics: Arc::new(Metrics::new()),
+    });
     let (stop, stopped) = watch::channel(false);
     let control = tokio::spawn(control_loop(Arc::clone(&shared), tick, stopped.clone()));
+    let exporter = metrics_listener.map(|listener| spawn_exporter(listener, &shared, stopped.clone()));
     let mut server_stopped = stopped;
     tokio::join!(
         async {
-            shutdown.await;
+            while let Some(signal) = signals.recv().await {
+                match signal {
+                    Signal::Reload => {
+                        if let Err(e) = shared.reload().await {
+                            error!(error = %e, "reload refused; the running configuration stays in force");
+                        }
+                    }
+                    Signal::Stop => break,
+                }
+            }
             let _ = stop.send(true);
         },
         server.serve(Arc::clone(&shared), async move {
@@ -270,10 +375,56 @@ pub async fn run(config: Config, socket: PathBuf, shutdown: impl Future<Output =
     if let Err(e) = control.await {
         warn!(error = %e, "the control loop ended abnormally");
     }
+    if let Some(Err(e)) = match exporter {
+        Some(task) => Some(task.await),
+        None => None,
+    } {
+        warn!(error = %e, "the metrics endpoint ended abnormally");
+    }
     drop(server);
     info!("shutting down");
     let mut state = shared.state.lock().await;
     teardown(&mut state.datapath, guards).await;
+    Ok(())
+}
+
+/// Serves Prometheus scrapes from `listener` until `stopped` turns true.
+fn spawn_exporter(
+    listener: tokio::net::TcpListener,
+    shared: &Arc<Shared>,
+    mut stopped: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let source = Arc::clone(shared);
+    let listen = listener.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string());
+    info!(%listen, "serving Prometheus metrics at /metrics");
+    tokio::spawn(metrics::serve(
+        listener,
+        Arc::clone(&shared.metrics),
+        move || {
+            let source = Arc::clone(&source);
+            async move { source.state.lock().await.snapshot() }
+        },
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        },
+    ))
+}
+
+/// Writes each interface's slot, default class and overhead.
+fn set_ifaces(datapath: &mut Datapath, config: &Config, ifindexes: &[u32], ids: &[u32]) -> Result<(), BpfError> {
+    for (slot, (iface, &index)) in config.interfaces.iter().zip(ifindexes).enumerate() {
+        let default = config.classes.iter().position(|c| c.name == iface.default_class).expect("validated");
+        let flags = IFACE_ENABLED | if is_l3(&iface.name) { IFACE_L3 } else { 0 };
+        datapath.set_iface(
+            index,
+            IfaceConfig {
+                slot: u32::try_from(slot).expect("at most MAX_INTERFACES"),
+                default_class: ids[default],
+                overhead: iface.overhead,
+                flags,
+            },
+        )?;
+    }
     Ok(())
 }
 
@@ -290,9 +441,11 @@ async fn control_loop(shared: Arc<Shared>, tick: Duration, mut stopped: watch::R
             }
             _ = interval.tick() => {
                 let mut state = shared.state.lock().await;
-                if let Err(e) = state.control_tick(Instant::now()) {
+                let started = Instant::now();
+                if let Err(e) = state.control_tick(started) {
                     warn!(error = %e, "control tick");
                 }
+                shared.metrics.observe_tick(started.elapsed());
             }
         }
     }
@@ -336,6 +489,8 @@ impl State {
                 let pacing = entry.current.bits_per_sec();
                 let queued = control::queued(clock.saturating_sub(mono), pacing);
                 let r = entry.meter.update(now, offered, queued);
+                entry.throughput = Rate::from_bits_per_sec(r.rate);
+                entry.record_delays(now, stats.delay_hist);
                 let o = Observation {
                     offered: r.rate,
                     queued_permille: r.queued_permille,
@@ -365,6 +520,40 @@ impl State {
         Ok(())
     }
 
+    /// Every class's counters and rates, for a Prometheus scrape. A class whose counters
+    /// cannot be read is left out (and logged) rather than failing the whole scrape.
+    fn snapshot(&self) -> Snapshot {
+        let mut classes = Vec::with_capacity(self.classes.len());
+        for (class, entry) in self.config.classes.iter().zip(&self.classes) {
+            let s = match self.datapath.class_stats(entry.id) {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(class = %class.name, error = %e, "reading counters for a scrape");
+                    continue;
+                }
+            };
+            classes.push(ClassSample {
+                interface: class.interface.clone(),
+                class: class.name.clone(),
+                leaf: entry.leaf,
+                bytes: s.bytes,
+                packets: s.packets,
+                drops_horizon_packets: s.drop_horizon_packets,
+                drops_horizon_bytes: s.drop_horizon_bytes,
+                drops_aqm_packets: s.drop_aqm_packets,
+                drops_aqm_bytes: s.drop_aqm_bytes,
+                ecn_marks: s.ecn_marked_packets,
+                rate_bps: class.rate.bits_per_sec(),
+                ceil_bps: class.ceil.bits_per_sec(),
+                allocated_bps: entry.allocated.bits_per_sec(),
+                pacing_bps: if entry.leaf { entry.current.bits_per_sec() } else { 0 },
+                delay_buckets: s.delay_hist,
+                delay_ns_total: s.delay_ns_total,
+            });
+        }
+        Snapshot { generation: self.generation, classes }
+    }
+
     fn status(&self) -> Result<Status, ApiError> {
         let mut out = Vec::new();
         for (class, entry) in self.config.classes.iter().zip(&self.classes) {
@@ -379,6 +568,8 @@ impl State {
                 ceil: class.ceil,
                 prio: class.prio,
                 current_rate: entry.current,
+                allocated: entry.allocated,
+                throughput: entry.throughput,
                 bytes: s.bytes,
                 packets: s.packets,
                 drops,
@@ -387,70 +578,170 @@ impl State {
                 ecn_marks: s.ecn_marked_packets,
                 delayed_packets: s.delayed_packets,
                 mean_delay_us: s.delay_ns_total.checked_div(s.delayed_packets).unwrap_or(0) / 1000,
+                p99_delay_us: entry.p99_delay_us(),
             });
         }
-        Ok(Status { classes: out })
+        Ok(Status { config: self.config.path.clone(), generation: self.generation, classes: out })
     }
 
-    fn set_rate(&mut self, name: &str, rate: Rate) -> Result<Response, ApiError> {
-        let Some(pos) = self.config.classes.iter().position(|c| c.name == name) else {
-            let names: Vec<&str> = self.config.classes.iter().map(|c| c.name.as_str()).collect();
-            return Err(ApiError::UnknownClass {
-                message: format!("no class named `{name}`; classes: {}", names.join(", ")),
-            });
-        };
-        let class = &self.config.classes[pos];
-        if rate == Rate::ZERO {
-            return Err(ApiError::InvalidRate {
-                message: format!("class `{name}`: a rate of 0 would stop the class; give a positive rate"),
-            });
+    /// Changes one key of a class: in the configuration's text, validated as a whole file,
+    /// then applied.
+    fn set_class_key(&mut self, class: &str, key: ClassKey, value: &NewValue) -> Result<Response, ApiError> {
+        let (_, config) =
+            edit::set_class_key(&self.config.text, &self.config.path, class, key, value).map_err(|e| edit_error(&e))?;
+        let changes = self.apply(config)?;
+        Ok(Response::Changed { generation: self.generation, changes })
+    }
+
+    /// Makes `new` the running configuration: stable class ids, class parameters, interface
+    /// defaults, then the rules in one switch (see [`Datapath::load_rules`]), then the
+    /// allocation at once. Nothing is changed when the new configuration cannot be applied.
+    fn apply(&mut self, new: Config) -> Result<Vec<String>, ApiError> {
+        let invalid = |message: String| ApiError::InvalidConfig { message };
+        let internal = |e: BpfError| ApiError::Internal { message: format!("{e}") };
+        let old_ifaces: Vec<&str> = self.config.interfaces.iter().map(|i| i.name.as_str()).collect();
+        let new_ifaces: Vec<&str> = new.interfaces.iter().map(|i| i.name.as_str()).collect();
+        if old_ifaces != new_ifaces {
+            return Err(invalid(format!(
+                "{}: the interfaces would change from [{}] to [{}]; shaperd sets up interfaces when it \
+                 starts: restart it to apply this",
+                new.path.display(),
+                old_ifaces.join(", "),
+                new_ifaces.join(", ")
+            )));
         }
-        if rate > class.ceil {
-            return Err(ApiError::InvalidRate {
-                message: format!("class `{name}`: rate {rate} is above its ceil {}", class.ceil),
-            });
+        let previous: Vec<(&str, u32)> =
+            self.config.classes.iter().zip(&self.classes).map(|(c, e)| (c.name.as_str(), e.id)).collect();
+        let ids = assign_ids(&new, &previous).ok_or_else(|| {
+            invalid(format!("{}: more than {MAX_CLASSES} classes old and new together", new.path.display()))
+        })?;
+        let compiled =
+            rules::compile(&rule_specs(&new, &ids)).map_err(|e| invalid(format!("{}: {e}", new.path.display())))?;
+
+        let mut entries = Vec::with_capacity(new.classes.len());
+        for (class, &id) in new.classes.iter().zip(&ids) {
+            let leaf = new.is_leaf(&class.name);
+            let kept = self.config.classes.iter().position(|c| c.name == class.name).map(|p| &self.classes[p]);
+            let entry = match kept {
+                Some(e) if e.leaf == leaf => ClassEntry { current: e.current.max(class.rate), ..e.clone() },
+                _ => ClassEntry::new(id, leaf, class.rate),
+            };
+            if leaf {
+                self.datapath.set_class(id, class_config(class, entry.current)).map_err(internal)?;
+            }
+            entries.push(entry);
         }
-        // The guarantees of the class and its siblings must still fit in what their parent
-        // (or the interface) guarantees.
-        let (budget, owner) = match &class.parent {
-            Some(p) => (self.config.class(p).expect("validated").rate, format!("parent class `{p}`")),
-            None => (
-                self.config.interface(&class.interface).expect("validated").rate,
-                format!("interface {}", class.interface),
-            ),
-        };
-        let siblings: u64 = self
-            .config
-            .classes
-            .iter()
-            .filter(|c| c.interface == class.interface && c.parent == class.parent && c.name != name)
-            .map(|c| c.rate.bits_per_sec())
-            .sum();
-        let total = siblings + rate.bits_per_sec();
-        if total > budget.bits_per_sec() {
-            return Err(ApiError::InvalidRate {
-                message: format!(
-                    "class `{name}`: with rate {rate}, the guaranteed rates under {owner} would sum to {}, over its {budget}",
-                    Rate::from_bits_per_sec(total)
-                ),
-            });
+        set_ifaces(&mut self.datapath, &new, &self.ifindexes, &ids).map_err(internal)?;
+        self.datapath.load_rules(&compiled).map_err(internal)?;
+        // Classes that no longer carry traffic: unpaced and zeroed, so that a class that takes
+        // the id later starts from nothing.
+        for (class, entry) in self.config.classes.iter().zip(&self.classes) {
+            if entry.leaf && !new.is_leaf(&class.name) || new.class(&class.name).is_none() {
+                self.datapath.set_class(entry.id, ClassConfig::default()).map_err(internal)?;
+            }
+            if new.class(&class.name).is_none() {
+                self.datapath.reset_class(entry.id).map_err(internal)?;
+            }
         }
-        let children: u64 = self.config.children(name).map(|c| c.rate.bits_per_sec()).sum();
-        if children > rate.bits_per_sec() {
-            return Err(ApiError::InvalidRate {
-                message: format!(
-                    "class `{name}`: its children are guaranteed {} in all, more than {rate}",
-                    Rate::from_bits_per_sec(children)
-                ),
-            });
-        }
-        let old = class.rate;
-        self.config.classes[pos].rate = rate;
+        let changes = describe_changes(&self.config, &new);
+        self.config = new;
+        self.classes = entries;
         self.trees = trees(&self.config);
-        // Apply now rather than at the next tick.
-        self.control_tick(Instant::now()).map_err(|e| ApiError::Internal { message: format!("{e}") })?;
-        info!(class = name, from = %old, to = %rate, "set rate");
-        Ok(Response::Applied { class: name.to_owned(), rate })
+        self.generation += 1;
+        self.control_tick(Instant::now()).map_err(internal)?;
+        for change in &changes {
+            info!(generation = self.generation, %change, "applied");
+        }
+        Ok(changes)
+    }
+}
+
+/// The API error for a runtime change that the configuration refuses.
+fn edit_error(e: &EditError) -> ApiError {
+    let message = format!("{}", ErrorChain(e));
+    match e {
+        EditError::UnknownClass { .. } => ApiError::UnknownClass { message },
+        EditError::Invalid { source, .. }
+            if source.key().and_then(|k| k.rsplit('.').next()).is_some_and(|k| k == "rate" || k == "ceil") =>
+        {
+            ApiError::InvalidRate { message }
+        }
+        _ => ApiError::InvalidConfig { message },
+    }
+}
+
+/// Displays an error with its sources, `: `-separated.
+struct ErrorChain<'a>(&'a dyn std::error::Error);
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(s) = source {
+            write!(f, ": {s}")?;
+            source = s.source();
+        }
+        Ok(())
+    }
+}
+
+/// What differs between two configurations, one line per change, for the log and the reply.
+fn describe_changes(old: &Config, new: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    for (o, n) in old.interfaces.iter().zip(&new.interfaces) {
+        if o.rate != n.rate {
+            out.push(format!("interface {}: rate {} -> {}", n.name, o.rate, n.rate));
+        }
+        if o.default_class != n.default_class {
+            out.push(format!("interface {}: default {} -> {}", n.name, o.default_class, n.default_class));
+        }
+        if o.overhead != n.overhead {
+            out.push(format!("interface {}: overhead {} -> {}", n.name, o.overhead, n.overhead));
+        }
+    }
+    for n in &new.classes {
+        let Some(o) = old.class(&n.name) else {
+            out.push(format!("class {}: added (rate {}, ceil {}, prio {})", n.name, n.rate, n.ceil, n.prio));
+            continue;
+        };
+        let mut field = |what: &str, a: String, b: String| {
+            if a != b {
+                out.push(format!("class {}: {what} {a} -> {b}", n.name));
+            }
+        };
+        field("rate", o.rate.to_string(), n.rate.to_string());
+        field("ceil", o.ceil.to_string(), n.ceil.to_string());
+        field("prio", o.prio.to_string(), n.prio.to_string());
+        field("weight", format!("{:?}", o.weight), format!("{:?}", n.weight));
+        field("parent", format!("{:?}", o.parent), format!("{:?}", n.parent));
+        field("horizon", format!("{:?}", o.horizon), format!("{:?}", n.horizon));
+        field("aqm", format!("{:?}", o.aqm), format!("{:?}", n.aqm));
+    }
+    for o in &old.classes {
+        if new.class(&o.name).is_none() {
+            out.push(format!("class {}: removed", o.name));
+        }
+    }
+    if old.rules != new.rules {
+        out.push(format!("rules: {} -> {} rules", old.rules.len(), new.rules.len()));
+    }
+    if old.daemon != new.daemon {
+        out.push("[daemon] settings: changed; they take effect at the next start".to_owned());
+    }
+    out
+}
+
+impl Shared {
+    /// Re-reads the configuration file and applies it; the running configuration stays in
+    /// force if the file is not valid.
+    async fn reload(&self) -> Result<Response, ApiError> {
+        let mut state = self.state.lock().await;
+        let path = state.config.path.clone();
+        let new =
+            Config::load(&path).map_err(|e| ApiError::InvalidConfig { message: format!("{}", ErrorChain(&e)) })?;
+        let changes = state.apply(new)?;
+        info!(generation = state.generation, changes = changes.len(), config = %path.display(), "reloaded");
+        Ok(Response::Changed { generation: state.generation, changes })
     }
 }
 
@@ -460,7 +751,17 @@ impl Handler for Shared {
         let mut state = self.state.lock().await;
         match request {
             Request::Status {} => state.status().map(Response::Status),
-            Request::SetRate { class, rate } => state.set_rate(&class, rate),
+            Request::SetRate { class, rate } => {
+                state.set_class_key(&class, ClassKey::Rate, &NewValue::Rate(rate.to_string()))
+            }
+            Request::SetCeil { class, ceil } => {
+                state.set_class_key(&class, ClassKey::Ceil, &NewValue::Rate(ceil.to_string()))
+            }
+            Request::SetPrio { class, prio } => state.set_class_key(&class, ClassKey::Prio, &NewValue::Prio(prio)),
+            Request::Reload {} => {
+                drop(state);
+                self.reload().await
+            }
         }
     }
 }

@@ -7,6 +7,7 @@
 //! - [`bpf`]: the embedded tc program, its loading, attachment and typed maps;
 //! - [`qdisc`]: the `fq` root qdisc that enforces departure times (netlink);
 //! - [`api`]: the control protocol between `shaperctl` and `shaperd`;
+//! - [`metrics`]: the Prometheus exposition served at `/metrics`;
 //! - [`daemon`]: wiring, signals and shutdown.
 
 pub mod api;
@@ -14,6 +15,7 @@ pub mod bpf;
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod metrics;
 pub mod qdisc;
 pub mod rate;
 pub mod rules;

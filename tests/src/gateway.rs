@@ -219,6 +219,17 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Sends `signal` to shaperd.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid (`ip netns exec` execs shaperd in place).
+        unsafe { libc::kill(i32::try_from(self.child.id()).expect("pid"), signal) };
+    }
+
+    /// Whether shaperd is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().expect("polling shaperd").is_none()
+    }
+
     /// Sends SIGTERM, waits, and returns the log; panics if shaperd did not exit cleanly.
     pub fn stop(&mut self) -> String {
         // SAFETY: kill(2) on our own child's pid.

@@ -12,6 +12,7 @@ use std::{
 
 pub mod chart;
 pub mod gateway;
+pub mod prometheus;
 
 use aya::programs::{TestRun, TestRunOptions};
 use shaper::bpf::Datapath;
@@ -284,6 +285,17 @@ impl Netns {
         let mut full = vec!["ip", "netns", "exec", &self.name];
         full.extend_from_slice(args);
         sh(&full)
+    }
+
+    /// Moves the calling thread into the namespace: its sockets, and the processes it starts,
+    /// are inside from then on (a test thread that talks to daemons on the namespace's
+    /// loopback).
+    pub fn enter(&self) {
+        let path = format!("/run/netns/{}", self.name);
+        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
+        // SAFETY: setns(2) on a valid namespace file descriptor; it changes only this thread.
+        let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "entering {}: {}", self.name, std::io::Error::last_os_error());
     }
 
     /// A command to run inside the namespace.

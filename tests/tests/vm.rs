@@ -689,3 +689,112 @@ fn print_trace(trace: &[(Duration, u64, f64, f64)]) {
         println!("  {:17.1} {sent:13} {:12.2} {:13.2}", t.as_secs_f64() * 1e3, alex / 1e6, guest / 1e6);
     }
 }
+
+/// Runtime control, reload and metrics on a running daemon: `set-ceil`/`set-prio` with
+/// `--save`, a reload with a bad file (refused, nothing changed) and one with a good file
+/// (a class replaced, its rule moved), a real Prometheus server scraping shaperd while the new
+/// class carries a flow, and `promtool check metrics` on a live scrape.
+#[test]
+fn operations_runtime_changes_reload_and_prometheus() {
+    require_fq();
+    let topo = roommates("shaper-vm-ops");
+    let mut daemon = topo.shaperd(ROOMMATES);
+    let file = topo.dir.join("shaper.toml");
+    let generation = |topo: &Topology| topo.status()["generation"].as_u64().unwrap();
+    let class = |topo: &Topology, name: &str| {
+        topo.status()["classes"].as_array().unwrap().iter().find(|c| c["name"] == name).cloned()
+    };
+    let ok = |out: std::process::Output| {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+
+    // Runtime changes, one saved into the file with its comments kept.
+    let out = ok(topo.ctl(&["set-ceil", "guest", "5mbit", "--save"]));
+    assert!(out.contains("class guest: ceil 10mbit -> 5mbit"), "{out}");
+    let saved = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(saved, ROOMMATES.replacen("ceil = \"10mbit\"\nprio = 0", "ceil = \"5mbit\"\nprio = 0", 1));
+    assert_eq!(class(&topo, "guest").unwrap()["ceil"], 5_000_000);
+    ok(topo.ctl(&["set-prio", "alex", "0"]));
+    assert_eq!(class(&topo, "alex").unwrap()["prio"], 0);
+    assert_eq!(generation(&topo), 2);
+    let bad = topo.ctl(&["set-ceil", "alex", "1mbit"]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains("ceil"), "{err}");
+    assert_eq!(generation(&topo), 2, "a refused change changes nothing");
+
+    // A bad file: refused by `reload` and by SIGHUP, with its error; the daemon runs on.
+    std::fs::write(&file, saved.replace("class = \"carl\"", "class = \"karl\"")).unwrap();
+    let bad = topo.ctl(&["reload"]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains("shaper.toml:") && err.contains("karl"), "{err}");
+    daemon.signal(libc::SIGHUP);
+    sleep(Duration::from_millis(500));
+    assert!(daemon.is_running());
+    assert!(daemon.log().contains("reload refused"), "{}", daemon.log());
+    assert_eq!(generation(&topo), 2);
+    assert_eq!(class(&topo, "guest").unwrap()["ceil"], 5_000_000, "the running configuration is untouched");
+
+    // A good file: carl's class becomes dave's (3 mbit/s at most), with carl's host.
+    let good = saved
+        .replace(
+            "name = \"carl\"\nrate = \"4.9mbit\"\nceil = \"10mbit\"",
+            "name = \"dave\"\nrate = \"2mbit\"\nceil = \"3mbit\"",
+        )
+        .replace("class = \"carl\"", "class = \"dave\"");
+    std::fs::write(&file, &good).unwrap();
+    let out = ok(topo.ctl(&["reload"]));
+    assert!(out.contains("class dave: added") && out.contains("class carl: removed"), "{out}");
+    assert!(class(&topo, "carl").is_none());
+    assert_eq!(generation(&topo), 3);
+
+    // Prometheus scrapes shaperd (127.0.0.1:9640 in the gateway's namespace) while dave's
+    // host sends a greedy flow.
+    topo.gw.enter();
+    let prometheus = shaper_tests::prometheus::Prometheus::start("127.0.0.1:9640", Duration::from_secs(1));
+    prometheus.wait_for_targets_up(Duration::from_secs(20));
+    let server = topo.iperf_server(7301);
+    let flow = topo.iperf_client(HOSTS[2], 7301, 14, "1");
+    sleep(Duration::from_secs(12));
+    let rate = prometheus.query("rate(shaper_class_bytes_total{class=\"dave\"}[6s]) * 8");
+    let scraped: f64 = rate[0]["value"][1].as_str().unwrap_or_else(|| panic!("no sample: {rate}")).parse().unwrap();
+    let measured = wire_rate(&receiver_intervals(flow), 2.0, 14.0);
+    drop(server);
+    println!(
+        "dave (ceil 3 mbit/s): Prometheus rate(shaper_class_bytes_total[6s]) {:.3} mbit/s, iperf3 {:.3} mbit/s",
+        scraped / 1e6,
+        measured / 1e6
+    );
+    assert!((measured / 3e6 - 1.0).abs() < 0.04, "dave's flow: {measured}");
+    assert!((scraped / 3e6 - 1.0).abs() < 0.08, "Prometheus saw {scraped} bit/s");
+    let generation = prometheus.query("shaper_config_generation");
+    assert_eq!(generation[0]["value"][1], "3", "{generation}");
+
+    // The live exposition passes promtool's checks.
+    let body = http_get("127.0.0.1:9640", "/metrics");
+    assert!(body.contains("shaper_class_bytes_total{"), "{body}");
+    let body = shaper::metrics::as_classic_text(&body);
+    let mut promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running promtool (cargo xtask setup installs it)");
+    std::io::Write::write_all(&mut promtool.stdin.take().unwrap(), body.as_bytes()).unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.trim().is_empty(), "promtool check metrics: {text}");
+}
+
+/// The body of an HTTP GET (HTTP/1.0, so the server closes the connection after it).
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or_else(|| panic!("not HTTP: {response}"));
+    assert!(head.starts_with("HTTP/1.") && head.contains(" 200 "), "{head}");
+    body.to_owned()
+}

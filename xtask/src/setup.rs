@@ -32,6 +32,12 @@ pub const APT_PACKAGES: &[&str] = &[
     "python3-venv",
     // The demo's charts are labelled with DejaVu Sans.
     "fonts-dejavu-core",
+    // The metrics tests scrape shaperd with a real Prometheus server and check the
+    // exposition with promtool.
+    "prometheus",
+    // systemd-analyze and systemd-sysusers check contrib/ (tests/tests/contrib.rs); containers
+    // and minimal installs lack them.
+    "systemd",
 ];
 
 /// Where Debian's LLVM 22 lives (for bpf-linker's llvm-sys).

@@ -56,6 +56,8 @@
 //! to the packets leaving its class's interface; a rule with no match field matches every
 //! such packet.
 
+pub mod edit;
+
 use std::collections::{HashMap, HashSet};
 use std::error::Error as StdError;
 use std::fmt::{self, Write as _};
@@ -113,6 +115,8 @@ const NAMES_LISTED: usize = 12;
 pub struct Config {
     /// The file it was read from (as given to [`Config::load`] or [`Config::parse`]).
     pub path: PathBuf,
+    /// The text it was parsed from; runtime changes ([`edit`]) are made to it.
+    pub text: String,
     /// The `[daemon]` table, or its defaults.
     pub daemon: DaemonSettings,
     /// The `[[interface]]` tables, in file order.
@@ -131,11 +135,18 @@ pub struct DaemonSettings {
     /// Period of the daemon's periodic work (`tick`), within [`TICK_RANGE`];
     /// [`DEFAULT_TICK`] by default.
     pub tick: Duration,
+    /// Where the Prometheus endpoint listens (`metrics_listen`, an address and port;
+    /// [`DEFAULT_METRICS_LISTEN`] by default, `""` to turn it off).
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
+
+/// The Prometheus endpoint's default address (9640 is not taken by a known exporter).
+pub const DEFAULT_METRICS_LISTEN: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9640);
 
 impl Default for DaemonSettings {
     fn default() -> DaemonSettings {
-        DaemonSettings { socket: None, tick: DEFAULT_TICK }
+        DaemonSettings { socket: None, tick: DEFAULT_TICK, metrics_listen: Some(DEFAULT_METRICS_LISTEN) }
     }
 }
 
@@ -347,7 +358,9 @@ impl Config {
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| syntax_error(text, path, e))?;
         let validator = Validator { path, lines: LineIndex::new(text) };
-        validator.validate(&raw)
+        let mut config = validator.validate(&raw)?;
+        text.clone_into(&mut config.text);
+        Ok(config)
     }
 
     /// The class called `name`.
@@ -402,6 +415,7 @@ struct RawConfig {
 struct RawDaemon {
     socket: Option<Spanned<String>>,
     tick: Option<Spanned<Scalar>>,
+    metrics_listen: Option<Spanned<String>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -1087,6 +1101,7 @@ impl Validator<'_> {
         let rules = self.rules(&raw.rule, &classes)?;
         Ok(Config {
             path: self.path.to_owned(),
+            text: String::new(),
             daemon,
             interfaces: interfaces
                 .iter()
@@ -1141,6 +1156,18 @@ impl Validator<'_> {
         }
         if let Some(tick) = &raw.tick {
             settings.tick = self.check("daemon.tick", tick, |v| duration_in(v, "tick", &TICK_RANGE, "10ms"))?;
+        }
+        if let Some(listen) = &raw.metrics_listen {
+            settings.metrics_listen = self.check("daemon.metrics_listen", listen, |text| {
+                if text.is_empty() {
+                    return Ok(None);
+                }
+                text.parse().map(Some).map_err(|_| {
+                    Problem::new(format!(
+                        "invalid address {text:?}; expected an address and a port, e.g. \"127.0.0.1:9640\" or \"[::1]:9640\", or \"\" to turn the endpoint off"
+                    ))
+                })
+            })?;
         }
         Ok(settings)
     }
@@ -1803,7 +1830,11 @@ dscp = "AF41"
         let config = ok(text);
         assert_eq!(
             config.daemon,
-            DaemonSettings { socket: Some("/run/shaper/test.sock".into()), tick: Duration::from_micros(1500) }
+            DaemonSettings {
+                socket: Some("/run/shaper/test.sock".into()),
+                tick: Duration::from_micros(1500),
+                metrics_listen: Some(DEFAULT_METRICS_LISTEN)
+            }
         );
         let iface = &config.interfaces[0];
         assert_eq!((iface.overhead, iface.replace_qdisc), (-4, true));
@@ -2089,6 +2120,21 @@ rate = "2mbit"
         let long = "/x".repeat(60);
         let text = format!("[daemon]\nsocket = \"{long}\"\n{IFACE}{GUEST}");
         fails_at(&text, "socket", "daemon.socket", &["120 bytes", "at most 107"]);
+    }
+
+    #[test]
+    fn metrics_listen_is_an_address_or_off() {
+        let text = format!("[daemon]\nmetrics_listen = \"localhost\"\n{IFACE}{GUEST}");
+        fails_at(
+            &text,
+            "metrics_listen",
+            "daemon.metrics_listen",
+            &["invalid address \"localhost\"", "127.0.0.1:9640"],
+        );
+        let config = ok(&format!("[daemon]\nmetrics_listen = \"\"\n{IFACE}{GUEST}"));
+        assert_eq!(config.daemon.metrics_listen, None);
+        let config = ok(&format!("[daemon]\nmetrics_listen = \"[::1]:9100\"\n{IFACE}{GUEST}"));
+        assert_eq!(config.daemon.metrics_listen, Some("[::1]:9100".parse().unwrap()));
     }
 
     // ----- interfaces -------------------------------------------------------------------

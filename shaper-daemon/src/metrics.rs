@@ -1,0 +1,668 @@
+//! Prometheus metrics of `shaperd`, served over HTTP at `/metrics`.
+//!
+//! Two kinds of metric come out of one scrape:
+//! - daemon-level ones observed as they happen (how long an allocator tick takes), held in
+//!   [`Metrics`];
+//! - per-class ones that the datapath counts (per CPU) and that the daemon reads at scrape time,
+//!   handed to [`Metrics::encode`] as a [`Snapshot`]. Reading them per scrape rather than mirroring
+//!   them into prometheus-client counters means nothing copies counters between scrapes, and a
+//!   scrape sees the maps as they are.
+//!
+//! # Metrics
+//! Every class metric carries the labels `interface` and `class`. Counters and the delay
+//! histogram exist for leaf classes only (inner classes carry no traffic of their own); the rate
+//! gauges exist for every class.
+//!
+//! | name | type | |
+//! |---|---|---|
+//! | `shaper_class_bytes_total` | counter | wire bytes sent |
+//! | `shaper_class_packets_total` | counter | packets (GSO segments) sent |
+//! | `shaper_class_drops_total{reason}` | counter | packets dropped; `reason` is `horizon` or `aqm` |
+//! | `shaper_class_dropped_bytes_total{reason}` | counter | bytes of those packets |
+//! | `shaper_class_ecn_marks_total` | counter | packets the AQM marked CE instead of dropping |
+//! | `shaper_class_added_delay_seconds` | histogram | delay the shaper added to each packet sent |
+//! | `shaper_class_rate_bytes_per_second` | gauge | configured guaranteed rate |
+//! | `shaper_class_ceil_bytes_per_second` | gauge | configured ceiling |
+//! | `shaper_class_allocated_bytes_per_second` | gauge | the allocator's current share |
+//! | `shaper_class_pacing_bytes_per_second` | gauge | the rate the datapath paces the class at |
+//! | `shaper_config_generation` | gauge | generation of the configuration in force |
+//! | `shaper_allocator_tick_duration_seconds` | histogram | time one allocator tick took |
+//!
+//! Rates are exported in bytes per second although the configuration speaks bits: Prometheus
+//! wants base units, and `promtool check metrics` rejects `bits`. `8 * shaper_class_rate_bytes_per_second`
+//! gives tc's bits.
+//!
+//! # Server
+//! [`serve`] answers `GET /metrics` with the `OpenMetrics` text ([`OPENMETRICS_CONTENT_TYPE`]),
+//! any other path with 404 and other methods on `/metrics` with 405. It serves at most
+//! [`MAX_CONNECTIONS`] connections at once (more wait in the listen backlog), one request per
+//! connection, each within [`CONNECTION_TIMEOUT`], so that a slow or stuck client costs the daemon
+//! one permit for a bounded time and nothing else.
+
+use std::{convert::Infallible, fmt, future::Future, sync::Arc, time::Duration};
+
+use http_body_util::Full;
+use hyper::{
+    body::{Bytes, Incoming},
+    header, Method, Request, Response, StatusCode,
+};
+use hyper_util::rt::TokioIo;
+use prometheus_client::{
+    collector::Collector,
+    encoding::{text, DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet},
+    metrics::{counter::ConstCounter, gauge::ConstGauge, histogram::Histogram, MetricType, TypedMetric},
+    registry::{Registry, Unit},
+};
+use shaper_common::{DELAY_BUCKETS, DELAY_BUCKET_BASE_NS};
+use tokio::{net::TcpListener, sync::Semaphore, task::JoinSet};
+use tracing::{debug, warn};
+
+/// Prefix of every metric name.
+pub const PREFIX: &str = "shaper";
+/// The content type of a scrape's answer: what prometheus-client's text encoder writes.
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// Connections served at once; more wait in the listen backlog.
+pub const MAX_CONNECTIONS: usize = 16;
+/// Time a connection may take, from accept to the last byte of the answer.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Upper bounds (s) of the allocator tick histogram: 10 µs to 100 ms in 1-2.5-5 steps. A tick
+/// walks the class tree once; beyond 100 ms it would delay the next tick, which is what the
+/// `+Inf` bucket shows.
+const TICK_BUCKETS: [f64; 13] =
+    [10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3];
+
+/// One class at scrape time. Counters are totals since the datapath was loaded.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClassSample {
+    pub interface: String,
+    pub class: String,
+    pub leaf: bool,
+    /// Wire bytes sent.
+    pub bytes: u64,
+    pub packets: u64,
+    pub drops_horizon_packets: u64,
+    pub drops_horizon_bytes: u64,
+    pub drops_aqm_packets: u64,
+    pub drops_aqm_bytes: u64,
+    pub ecn_marks: u64,
+    /// Configured guaranteed rate, bits/s.
+    pub rate_bps: u64,
+    pub ceil_bps: u64,
+    /// The allocator's current share.
+    pub allocated_bps: u64,
+    /// The rate the datapath paces the class at now.
+    pub pacing_bps: u64,
+    /// Packets by added delay, NOT cumulative: bucket i < DELAY_BUCKETS-1 counts delays
+    /// <= `shaper_common::DELAY_BUCKET_BASE_NS << i` (and above the previous bound); the last one the rest.
+    pub delay_buckets: [u64; shaper_common::DELAY_BUCKETS],
+    /// Sum of added delays, ns.
+    pub delay_ns_total: u64,
+}
+
+/// What the daemon hands over for one scrape.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Generation of the configuration in force.
+    pub generation: u64,
+    pub classes: Vec<ClassSample>,
+}
+
+/// The daemon-level metrics, observed as they happen, and the encoder of a whole scrape.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    tick: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers the daemon-level metrics.
+    #[must_use]
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix(PREFIX);
+        let tick = Histogram::new(TICK_BUCKETS);
+        registry.register_with_unit(
+            "allocator_tick_duration",
+            "Time one allocator tick took (reading counters, sharing rates, writing them back)",
+            Unit::Seconds,
+            tick.clone(),
+        );
+        Self { registry, tick }
+    }
+
+    /// Records the duration of one allocator tick.
+    pub fn observe_tick(&self, d: Duration) {
+        self.tick.observe(d.as_secs_f64());
+    }
+
+    /// The `OpenMetrics` text of a scrape: the daemon-level metrics and those of `snapshot`,
+    /// ending with `# EOF`.
+    #[must_use]
+    pub fn encode(&self, snapshot: &Snapshot) -> String {
+        // A collector must be 'static, so the per-scrape registry owns a copy of the snapshot:
+        // a few hundred bytes per class, once per scrape.
+        let mut scrape = Registry::with_prefix(PREFIX);
+        scrape.register_collector(Box::new(SnapshotCollector(snapshot.clone())));
+        let mut out = String::new();
+        // Writing into a String cannot fail, and the encoder only fails when its writer does.
+        text::encode_registry(&mut out, &self.registry).expect("encoding into a String");
+        text::encode(&mut out, &scrape).expect("encoding into a String");
+        out
+    }
+}
+
+/// Encodes a [`Snapshot`] as metric families.
+#[derive(Debug)]
+struct SnapshotCollector(Snapshot);
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let classes = &self.0.classes;
+        let leaves: Vec<&ClassSample> = classes.iter().filter(|c| c.leaf).collect();
+        let e = &mut encoder;
+
+        let counter = |value: fn(&ClassSample) -> u64| {
+            leaves.iter().map(|c| (labels(c), ConstCounter::new(value(c)))).collect::<Vec<_>>()
+        };
+        family(e, "class_bytes", "Wire bytes the class sent.", None, &counter(|c| c.bytes))?;
+        family(
+            e,
+            "class_packets",
+            "Packets the class sent (GSO segments counted one by one).",
+            None,
+            &counter(|c| c.packets),
+        )?;
+        let by_reason = |horizon: fn(&ClassSample) -> u64, aqm: fn(&ClassSample) -> u64| {
+            leaves
+                .iter()
+                .flat_map(|c| {
+                    [
+                        (labels_with_reason(c, "horizon"), ConstCounter::new(horizon(c))),
+                        (labels_with_reason(c, "aqm"), ConstCounter::new(aqm(c))),
+                    ]
+                })
+                .collect::<Vec<_>>()
+        };
+        family(
+            e,
+            "class_drops",
+            "Packets the class dropped, by reason: horizon (departure time too far ahead) or aqm.",
+            None,
+            &by_reason(|c| c.drops_horizon_packets, |c| c.drops_aqm_packets),
+        )?;
+        family(
+            e,
+            "class_dropped_bytes",
+            "Wire bytes of the packets the class dropped, by reason.",
+            None,
+            &by_reason(|c| c.drops_horizon_bytes, |c| c.drops_aqm_bytes),
+        )?;
+        family(
+            e,
+            "class_ecn_marks",
+            "ECN-capable packets the AQM marked CE instead of dropping them.",
+            None,
+            &counter(|c| c.ecn_marks),
+        )?;
+        family(
+            e,
+            "class_added_delay",
+            "Delay the shaper added to each packet the class sent (its departure time minus its arrival).",
+            Some(&Unit::Seconds),
+            &leaves.iter().map(|c| (labels(c), DelayHistogram::of(c))).collect::<Vec<_>>(),
+        )?;
+
+        let gauge = |value: fn(&ClassSample) -> u64| {
+            classes.iter().map(|c| (labels(c), ConstGauge::new(bits_to_bytes(value(c))))).collect::<Vec<_>>()
+        };
+        family(
+            e,
+            "class_rate_bytes_per_second",
+            "Configured guaranteed rate of the class.",
+            None,
+            &gauge(|c| c.rate_bps),
+        )?;
+        family(e, "class_ceil_bytes_per_second", "Configured ceiling of the class.", None, &gauge(|c| c.ceil_bps))?;
+        family(
+            e,
+            "class_allocated_bytes_per_second",
+            "Rate the allocator currently shares out to the class.",
+            None,
+            &gauge(|c| c.allocated_bps),
+        )?;
+        family(
+            e,
+            "class_pacing_bytes_per_second",
+            "Rate the datapath currently paces the class at.",
+            None,
+            &gauge(|c| c.pacing_bps),
+        )?;
+        // Encoded without a label set, which the family encoder would write as `{}`.
+        let generation = ConstGauge::new(self.0.generation);
+        generation.encode(e.encode_descriptor(
+            "config_generation",
+            "Generation of the configuration in force; it grows by one on every reload or change.",
+            None,
+            generation.metric_type(),
+        )?)
+    }
+}
+
+/// Labels of a class metric.
+fn labels(c: &ClassSample) -> [(&'static str, &str); 2] {
+    [("interface", &c.interface), ("class", &c.class)]
+}
+
+/// Labels of a drop counter.
+fn labels_with_reason<'a>(c: &'a ClassSample, reason: &'static str) -> [(&'static str, &'a str); 3] {
+    [("interface", &c.interface), ("class", &c.class), ("reason", reason)]
+}
+
+/// Encodes one metric family from its samples; a family without samples is left out rather than
+/// announced empty.
+fn family<L: EncodeLabelSet, M: EncodeMetric + TypedMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    samples: &[(L, M)],
+) -> fmt::Result {
+    if samples.is_empty() {
+        return Ok(());
+    }
+    let mut family = encoder.encode_descriptor(name, help, unit, M::TYPE)?;
+    for (labels, metric) in samples {
+        metric.encode(family.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "f64 is exact up to 2^53 bit/s, far above any link; Prometheus values are f64 anyway"
+)]
+fn bits_to_bytes(bps: u64) -> f64 {
+    bps as f64 / 8.0
+}
+
+/// The added-delay histogram of one class, as read from the datapath.
+#[derive(Debug)]
+struct DelayHistogram {
+    sum_seconds: f64,
+    count: u64,
+    /// `(upper bound in s, packets in this bucket only)`; the encoder makes them cumulative.
+    buckets: [(f64, u64); DELAY_BUCKETS],
+}
+
+impl DelayHistogram {
+    #[expect(clippy::cast_precision_loss, reason = "ns totals below 2^53 (104 days of added delay) are exact")]
+    fn of(c: &ClassSample) -> Self {
+        let buckets = std::array::from_fn(|i| {
+            let bound = if i + 1 < DELAY_BUCKETS { (DELAY_BUCKET_BASE_NS << i) as f64 / 1e9 } else { f64::INFINITY };
+            (bound, c.delay_buckets[i])
+        });
+        // Prometheus requires `_count` to equal the `+Inf` bucket, so it is the sum of the buckets
+        // rather than `packets`, which the datapath updates separately.
+        let count = c.delay_buckets.iter().sum();
+        Self { sum_seconds: c.delay_ns_total as f64 / 1e9, count, buckets }
+    }
+}
+
+impl TypedMetric for DelayHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for DelayHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
+        encoder.encode_histogram::<NoLabelSet>(self.sum_seconds, self.count, &self.buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown` completes; see the module doc.
+///
+/// `snapshot` is called once per scrape. Connections still open at shutdown are dropped: a
+/// scrape is not worth delaying the daemon's exit for.
+pub async fn serve<F, Fut>(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    snapshot: F,
+    shutdown: impl Future<Output = ()>,
+) where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Snapshot> + Send,
+{
+    let snapshot = Arc::new(snapshot);
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        while connections.try_join_next().is_some() {}
+        // The permit is taken before accepting, so that excess clients wait in the kernel's
+        // backlog instead of in the daemon's memory.
+        let permit = tokio::select! {
+            () = &mut shutdown => break,
+            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+        };
+        let stream = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    // Usually EMFILE/ENFILE: retrying at once would spin, so wait a little.
+                    warn!(%error, "accepting a metrics connection");
+                    tokio::select! {
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                    }
+                }
+            },
+        };
+        let peer = stream.peer_addr().ok();
+        let metrics = metrics.clone();
+        let snapshot = snapshot.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            let service = hyper::service::service_fn(move |request| {
+                let metrics = metrics.clone();
+                let snapshot = snapshot.clone();
+                async move { Ok::<_, Infallible>(respond(&request, &metrics, &*snapshot).await) }
+            });
+            // One request per connection: the timeout then bounds a request, and an idle
+            // keep-alive connection cannot sit on a permit between scrapes.
+            let connection = hyper::server::conn::http1::Builder::new()
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            match tokio::time::timeout(CONNECTION_TIMEOUT, connection).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => debug!(?peer, %error, "metrics connection failed"),
+                Err(_) => debug!(?peer, timeout = ?CONNECTION_TIMEOUT, "metrics connection timed out"),
+            }
+        });
+    }
+}
+
+/// The answer to one request.
+async fn respond<F, Fut>(request: &Request<Incoming>, metrics: &Metrics, snapshot: &F) -> Response<Full<Bytes>>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Snapshot>,
+{
+    let plain = |status: StatusCode, body: &'static str| {
+        Response::builder()
+            .status(status)
+            .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+    };
+    let response = match (request.uri().path(), request.method()) {
+        ("/metrics", &Method::GET) => {
+            let text = metrics.encode(&snapshot().await);
+            Response::builder()
+                .header(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)
+                .body(Full::new(Bytes::from(text)))
+        }
+        ("/metrics", _) => plain(StatusCode::METHOD_NOT_ALLOWED, "only GET is allowed on /metrics\n").map(|mut r| {
+            r.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static("GET"));
+            r
+        }),
+        _ => plain(StatusCode::NOT_FOUND, "not found; metrics are at /metrics\n"),
+    };
+    let response = response.expect("a response built from constant, valid parts");
+    debug!(method = %request.method(), path = request.uri().path(), status = %response.status(), "metrics request");
+    response
+}
+
+/// `openmetrics` as Prometheus's classic text format writes it, which is what `promtool check
+/// metrics` parses (for checking the exposition): `OpenMetrics` names a counter family without its `_total` suffix, so
+/// promtool, reading `# TYPE x counter` followed by samples `x_total`, would take them for an
+/// untyped family without help. Nothing else differs for the metrics here (`# UNIT` and
+/// `# EOF` are comments to it).
+#[must_use]
+pub fn as_classic_text(openmetrics: &str) -> String {
+    let counters: Vec<&str> =
+        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let mut out = String::new();
+    for line in openmetrics.lines() {
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|kind| {
+            let rest = line.strip_prefix(kind)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters.contains(&name).then(|| format!("{kind}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{io::Write as _, process::Stdio};
+
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    /// A leaf with traffic and its parent, an inner class.
+    fn snapshot() -> Snapshot {
+        let mut delay_buckets = [0; DELAY_BUCKETS];
+        delay_buckets[0] = 90;
+        delay_buckets[3] = 7;
+        delay_buckets[DELAY_BUCKETS - 1] = 3;
+        let leaf = ClassSample {
+            interface: "lan0".into(),
+            class: "alex".into(),
+            leaf: true,
+            bytes: 150_000,
+            packets: 100,
+            drops_horizon_packets: 2,
+            drops_horizon_bytes: 3000,
+            drops_aqm_packets: 5,
+            drops_aqm_bytes: 7500,
+            ecn_marks: 11,
+            rate_bps: 2_000_000,
+            ceil_bps: 10_000_000,
+            allocated_bps: 4_000_004,
+            pacing_bps: 3_000_000,
+            delay_buckets,
+            delay_ns_total: 2_500_000_000,
+        };
+        let inner = ClassSample {
+            interface: "lan0".into(),
+            class: "home".into(),
+            leaf: false,
+            rate_bps: 8_000_000,
+            ceil_bps: 100_000_000,
+            allocated_bps: 50_000_000,
+            pacing_bps: 0,
+            ..ClassSample::default()
+        };
+        Snapshot { generation: 7, classes: vec![leaf, inner] }
+    }
+
+    /// The value of the sample `name{labels}` (labels as written, in order), if any.
+    fn sample<'a>(text: &'a str, series: &str) -> Option<&'a str> {
+        text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+    }
+
+    #[test]
+    fn encodes_class_metrics_with_labels() {
+        let metrics = Metrics::new();
+        metrics.observe_tick(Duration::from_micros(300));
+        let text = metrics.encode(&snapshot());
+        let leaf = r#"interface="lan0",class="alex""#;
+        let inner = r#"interface="lan0",class="home""#;
+        let expect = [
+            (format!("shaper_class_bytes_total{{{leaf}}}"), "150000"),
+            (format!("shaper_class_packets_total{{{leaf}}}"), "100"),
+            (format!(r#"shaper_class_drops_total{{{leaf},reason="horizon"}}"#), "2"),
+            (format!(r#"shaper_class_drops_total{{{leaf},reason="aqm"}}"#), "5"),
+            (format!(r#"shaper_class_dropped_bytes_total{{{leaf},reason="horizon"}}"#), "3000"),
+            (format!(r#"shaper_class_dropped_bytes_total{{{leaf},reason="aqm"}}"#), "7500"),
+            (format!("shaper_class_ecn_marks_total{{{leaf}}}"), "11"),
+            (format!("shaper_class_rate_bytes_per_second{{{leaf}}}"), "250000.0"),
+            (format!("shaper_class_ceil_bytes_per_second{{{leaf}}}"), "1250000.0"),
+            (format!("shaper_class_allocated_bytes_per_second{{{leaf}}}"), "500000.5"),
+            (format!("shaper_class_pacing_bytes_per_second{{{leaf}}}"), "375000.0"),
+            (format!("shaper_class_rate_bytes_per_second{{{inner}}}"), "1000000.0"),
+            (format!("shaper_class_ceil_bytes_per_second{{{inner}}}"), "12500000.0"),
+            (format!("shaper_class_allocated_bytes_per_second{{{inner}}}"), "6250000.0"),
+            (format!("shaper_class_pacing_bytes_per_second{{{inner}}}"), "0.0"),
+            (format!("shaper_class_added_delay_seconds_sum{{{leaf}}}"), "2.5"),
+            (format!("shaper_class_added_delay_seconds_count{{{leaf}}}"), "100"),
+            ("shaper_config_generation".to_owned(), "7"),
+            ("shaper_allocator_tick_duration_seconds_count".to_owned(), "1"),
+            (r#"shaper_allocator_tick_duration_seconds_bucket{le="0.00025"}"#.to_owned(), "0"),
+            (r#"shaper_allocator_tick_duration_seconds_bucket{le="0.0005"}"#.to_owned(), "1"),
+        ];
+        for (series, value) in expect {
+            assert_eq!(sample(&text, &series), Some(value), "{series} in\n{text}");
+        }
+        for family in [
+            "# TYPE shaper_class_bytes counter",
+            "# TYPE shaper_class_drops counter",
+            "# TYPE shaper_class_added_delay_seconds histogram",
+            "# TYPE shaper_class_pacing_bytes_per_second gauge",
+            "# TYPE shaper_config_generation gauge",
+            "# TYPE shaper_allocator_tick_duration_seconds histogram",
+        ] {
+            assert!(text.contains(family), "{family} in\n{text}");
+        }
+        // Inner classes carry no traffic: no counters, no histogram.
+        for line in text.lines().filter(|l| l.contains(inner)) {
+            assert!(line.contains("_bytes_per_second{"), "inner class with a traffic metric: {line}");
+        }
+        assert!(!text.contains("_total_total"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+        // Every family has help text.
+        let types = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
+        let helps = text.lines().filter(|l| l.starts_with("# HELP shaper_")).count();
+        assert_eq!(types, 12, "{text}");
+        assert_eq!(helps, types, "{text}");
+    }
+
+    #[test]
+    fn delay_histogram_is_cumulative() {
+        let text = Metrics::new().encode(&snapshot());
+        // prometheus-client writes `le` first.
+        let prefix = r#"shaper_class_added_delay_seconds_bucket{le=""#;
+        let labels = r#"",interface="lan0",class="alex"} "#;
+        let buckets: Vec<(String, u64)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix(prefix))
+            .map(|l| {
+                let (le, value) = l.split_once(labels).expect("bucket line of class alex");
+                (le.to_owned(), value.parse().expect("integer bucket"))
+            })
+            .collect();
+        let bounds: Vec<&str> = buckets.iter().map(|(le, _)| le.as_str()).collect();
+        assert_eq!(bounds.len(), DELAY_BUCKETS, "{text}");
+        assert_eq!(bounds[..4], ["0.000125", "0.00025", "0.0005", "0.001"]);
+        assert_eq!(bounds[DELAY_BUCKETS - 2..], ["2.048", "+Inf"]);
+        let counts: Vec<u64> = buckets.iter().map(|b| b.1).collect();
+        assert!(counts.windows(2).all(|w| w[0] <= w[1]), "not cumulative: {counts:?}");
+        assert_eq!(counts[..5], [90, 90, 90, 97, 97]);
+        assert_eq!(counts[DELAY_BUCKETS - 2], 97);
+        assert_eq!(counts[DELAY_BUCKETS - 1], snapshot().classes[0].packets);
+    }
+
+    #[test]
+    fn no_classes_no_class_families() {
+        let text = Metrics::new().encode(&Snapshot::default());
+        assert!(!text.contains("shaper_class_"), "{text}");
+        assert_eq!(sample(&text, "shaper_config_generation"), Some("0"));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut s = snapshot();
+        s.classes[0].class = r#"a"b\c"#.into();
+        let text = Metrics::new().encode(&s);
+        assert!(text.contains(r#"class="a\"b\\c""#), "{text}");
+    }
+
+    #[test]
+    fn promtool_finds_nothing_to_lint() {
+        let metrics = Metrics::new();
+        metrics.observe_tick(Duration::from_millis(2));
+        let text = as_classic_text(&metrics.encode(&snapshot()));
+        let mut child = match std::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+        {
+            Ok(child) => child,
+            Err(e) => panic!(
+                "cannot run promtool ({e}): it lints the metrics. Run `cargo xtask setup` (it installs the \
+                 Debian package `prometheus`, which provides /usr/bin/promtool)"
+            ),
+        };
+        child.stdin.take().expect("piped stdin").write_all(text.as_bytes()).expect("writing to promtool");
+        let out = child.wait_with_output().expect("waiting for promtool");
+        let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success() && report.trim().is_empty(),
+            "promtool check metrics: {}\n{report}\n{text}",
+            out.status
+        );
+    }
+
+    /// Sends a raw HTTP/1.1 request and returns the whole answer.
+    async fn http(addr: std::net::SocketAddr, request: &str) -> String {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connecting to the metrics server");
+        stream.write_all(request.as_bytes()).await.expect("sending the request");
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut answer))
+            .await
+            .expect("an answer within 5 s")
+            .expect("reading the answer");
+        answer
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_over_http() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local address");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, Arc::new(Metrics::new()), || async { snapshot() }, async {
+            let _ = stopped.await;
+        }));
+
+        // A client that connects and says nothing holds one permit, not the server.
+        let _idle = tokio::net::TcpStream::connect(addr).await.expect("connecting");
+
+        let ok = http(addr, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
+        let (head, body) = ok.split_once("\r\n\r\n").expect("a header and a body");
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
+        assert!(
+            head.to_ascii_lowercase().contains(&format!("\r\ncontent-type: {OPENMETRICS_CONTENT_TYPE}\r\n")),
+            "{head}"
+        );
+        assert_eq!(sample(body, "shaper_config_generation"), Some("7"), "{body}");
+        assert!(body.contains(r#"shaper_class_bytes_total{interface="lan0",class="alex"} 150000"#), "{body}");
+        assert!(body.ends_with("# EOF\n"), "{body}");
+
+        let missing = http(addr, "GET /other HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
+        assert!(missing.starts_with("HTTP/1.1 404 Not Found\r\n"), "{missing}");
+        let post = http(addr, "POST /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n").await;
+        assert!(post.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"), "{post}");
+        assert!(post.to_ascii_lowercase().contains("\r\nallow: get\r\n"), "{post}");
+
+        stop.send(()).expect("server still running");
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("serve returns once shutdown completes")
+            .expect("serve did not panic");
+    }
+}
