@@ -615,8 +615,15 @@ impl State {
         let ids = assign_ids(&new, &previous).ok_or_else(|| {
             invalid(format!("{}: more than {MAX_CLASSES} classes old and new together", new.path.display()))
         })?;
-        let compiled =
-            rules::compile(&rule_specs(&new, &ids)).map_err(|e| invalid(format!("{}: {e}", new.path.display())))?;
+        // A change of rates or priorities leaves the rules as they are: they are compiled and
+        // switched only when they (or the class ids they resolve to) change.
+        let specs = rule_specs(&new, &ids);
+        let old_ids: Vec<u32> = self.classes.iter().map(|e| e.id).collect();
+        let compiled = if specs == rule_specs(&self.config, &old_ids) {
+            None
+        } else {
+            Some(rules::compile(&specs).map_err(|e| invalid(format!("{}: {e}", new.path.display())))?)
+        };
 
         let mut entries = Vec::with_capacity(new.classes.len());
         for (class, &id) in new.classes.iter().zip(&ids) {
@@ -632,7 +639,9 @@ impl State {
             entries.push(entry);
         }
         set_ifaces(&mut self.datapath, &new, &self.ifindexes, &ids).map_err(internal)?;
-        self.datapath.load_rules(&compiled).map_err(internal)?;
+        if let Some(compiled) = &compiled {
+            self.datapath.load_rules(compiled).map_err(internal)?;
+        }
         // Classes that no longer carry traffic: unpaced and zeroed, so that a class that takes
         // the id later starts from nothing.
         for (class, entry) in self.config.classes.iter().zip(&self.classes) {
