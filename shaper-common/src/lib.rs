@@ -44,6 +44,11 @@ pub fn delay_bucket(delay_ns: u64) -> usize {
     i
 }
 
+/// The version of the maps' layout (their key and value types and sizes). Pinned maps live in
+/// a directory named after it, so a shaperd whose maps differ never opens the pins of another:
+/// bump it whenever a map definition or a struct in this file changes.
+pub const MAP_LAYOUT_VERSION: u32 = 1;
+
 /// Map names, as they appear in the object file.
 pub mod maps {
     pub const IFACES: &str = "IFACES";
@@ -55,6 +60,9 @@ pub mod maps {
     pub const CLASS_STATE: &str = "CLASS_STATE";
     pub const CLASS_STATS: &str = "CLASS_STATS";
     pub const GLOBALS: &str = "GLOBALS";
+    /// Every map, for pinning.
+    pub const ALL: [&str; 9] =
+        [IFACES, TUPLES, RULES, SPORT_IDS, DPORT_IDS, CLASS_CONFIG, CLASS_STATE, CLASS_STATS, GLOBALS];
 }
 
 /// Name of the tc program in the object file.

@@ -3,18 +3,21 @@
 //! The object is built from `shaper-ebpf` by `build.rs` and embedded in the binary, so
 //! `shaperd` has no file to find at run time.
 
+use std::path::{Path, PathBuf};
+
 use aya::{
     maps::{Array, HashMap, MapData, MapError, PerCpuArray, PerCpuValues},
     programs::{
-        tc::{self, SchedClassifierLinkId, TcError},
+        links::{FdLink, Link as _, LinkOrder, PinnedLink},
+        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
         ProgramError, SchedClassifier, TcAttachType,
     },
     util::KernelVersion,
     Ebpf, EbpfError, EbpfLoader,
 };
 use shaper_common::{
-    maps, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple, MAX_CLASSES,
-    MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS, PROGRAM_NAME,
+    maps, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple, MAP_LAYOUT_VERSION,
+    MAX_CLASSES, MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS, PROGRAM_NAME,
 };
 
 use crate::rules::Compiled;
@@ -60,7 +63,31 @@ pub enum BpfError {
     },
     #[error("class id {0} is out of range (at most {MAX_CLASSES} classes)")]
     ClassId(u32),
+    #[error("{}: {action}", .path.display())]
+    Pin {
+        path: PathBuf,
+        action: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
 }
+
+fn pin_err<E: std::error::Error + Send + Sync + 'static>(
+    path: &Path,
+    action: &'static str,
+) -> impl FnOnce(E) -> BpfError {
+    let path = path.to_owned();
+    move |e| BpfError::Pin { path, action, source: Box::new(e) }
+}
+
+/// Priority and handle of shaper's `cls_bpf` filter under clsact (kernels without TCX). They
+/// are fixed so that a later shaperd finds the filter an earlier one left and replaces its
+/// program in place: no packet leaves unshaped, and no second filter is added.
+pub const FILTER_PRIORITY: u16 = 1;
+pub const FILTER_HANDLE: u32 = 0x5A1F;
+
+/// `BPF_FS_MAGIC` from `linux/magic.h`.
+const BPF_FS_MAGIC: i64 = 0xCAFE_4A11;
 
 fn map_err(name: &'static str, action: impl Into<String>) -> impl FnOnce(MapError) -> BpfError {
     let action = action.into();
@@ -88,19 +115,35 @@ pub struct Datapath {
     class_config: Array<MapData, ClassConfig>,
     class_state: Array<MapData, ClassState>,
     class_stats: PerCpuArray<MapData, ClassStats>,
-    links: Vec<(String, SchedClassifierLinkId)>,
+    links: Vec<Attached>,
+    /// Where the maps (and TCX links) are pinned, if they are.
+    pin_dir: Option<PathBuf>,
     /// Interfaces whose clsact qdisc this process added (removed again on detach).
     added_clsact: Vec<String>,
-    /// What each rule bank holds, as written by this process (`None`: unknown, written by an
-    /// earlier process into pinned maps).
-    banks: [Option<BankContents>; 2],
+    /// What each rule bank holds, as far as known.
+    banks: [BankContents; 2],
 }
 
-/// The `RULES` keys and the ports with interval ids that one rule bank holds.
+/// The program attached to one interface.
+struct Attached {
+    iface: String,
+    link: SchedClassifierLink,
+    /// The bpffs pin that keeps a TCX link alive without this process.
+    pin: Option<PathBuf>,
+}
+
+/// The `RULES` keys and the ports with interval ids that one rule bank holds; `None` when not
+/// known (written by an earlier process into pinned maps).
 #[derive(Default)]
 struct BankContents {
-    keys: Vec<RuleKey>,
-    ports: Vec<u32>,
+    keys: Option<Vec<RuleKey>>,
+    ports: Option<Vec<u32>>,
+}
+
+impl BankContents {
+    fn empty() -> Self {
+        Self { keys: Some(Vec::new()), ports: Some(Vec::new()) }
+    }
 }
 
 fn take<T: TryFrom<aya::maps::Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, BpfError> {
@@ -109,9 +152,35 @@ fn take<T: TryFrom<aya::maps::Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'s
 }
 
 impl Datapath {
-    /// Loads the embedded object and the program into the kernel (not yet attached).
+    /// Loads the embedded object and the program into the kernel (not yet attached), with
+    /// maps of its own.
     pub fn load() -> Result<Self, BpfError> {
-        let mut ebpf = EbpfLoader::new().load(OBJECT).map_err(BpfError::Load)?;
+        Self::from_loader(&mut EbpfLoader::new(), None)
+    }
+
+    /// Loads the program with its maps pinned in a directory under `root` (on bpffs, mounted
+    /// at `/sys/fs/bpf` if nothing is there yet), so that they outlive this process. Maps an
+    /// earlier shaperd pinned there are taken over with their contents: the class clocks,
+    /// counters and rules carry on. Returns whether they were.
+    pub fn load_pinned(root: &Path) -> Result<(Self, bool), BpfError> {
+        ensure_bpffs(root)?;
+        let dir = root.join(format!("v{MAP_LAYOUT_VERSION}"));
+        std::fs::create_dir_all(&dir).map_err(pin_err(&dir, "creating the pin directory"))?;
+        let adopted = dir.join(maps::GLOBALS).exists();
+        let mut loader = EbpfLoader::new();
+        for name in maps::ALL {
+            loader.map_pin_path(name, dir.join(name));
+        }
+        let mut datapath = Self::from_loader(&mut loader, Some(dir))?;
+        if adopted {
+            // What the rule banks hold was written by the earlier process.
+            datapath.banks = [BankContents::default(), BankContents::default()];
+        }
+        Ok((datapath, adopted))
+    }
+
+    fn from_loader(loader: &mut EbpfLoader<'_>, pin_dir: Option<PathBuf>) -> Result<Self, BpfError> {
+        let mut ebpf = loader.load(OBJECT).map_err(BpfError::Load)?;
         let program: &mut SchedClassifier = ebpf
             .program_mut(PROGRAM_NAME)
             .ok_or(BpfError::NoProgram(None))?
@@ -130,9 +199,10 @@ impl Datapath {
             class_stats: take(&mut ebpf, maps::CLASS_STATS)?,
             ebpf,
             links: Vec::new(),
+            pin_dir,
             added_clsact: Vec::new(),
             // Fresh maps: both banks are empty.
-            banks: [Some(BankContents::default()), Some(BankContents::default())],
+            banks: [BankContents::empty(), BankContents::empty()],
         })
     }
 
@@ -175,30 +245,85 @@ impl Datapath {
     }
 
     /// Attaches the program at egress of `iface`: a TCX link where the kernel has TCX,
-    /// otherwise a filter under clsact (added first if missing).
-    pub fn attach(&mut self, iface: &str) -> Result<AttachMode, BpfError> {
+    /// otherwise a filter under clsact (added first if missing). An attachment an earlier
+    /// shaperd left (its pinned TCX link, or its filter at [`FILTER_PRIORITY`] /
+    /// [`FILTER_HANDLE`]) gets this program in its place, atomically. Returns the mode and
+    /// whether an attachment was taken over.
+    pub fn attach(&mut self, iface: &str) -> Result<(AttachMode, bool), BpfError> {
         let mode = Self::attach_mode();
-        if mode == AttachMode::Clsact {
-            match tc::qdisc_add_clsact(iface) {
-                Ok(()) => self.added_clsact.push(iface.to_owned()),
-                Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
-                Err(source) => return Err(BpfError::Clsact { iface: iface.to_owned(), source }),
+        let attach_err = |source| BpfError::Attach { iface: iface.to_owned(), source };
+        let (id, pin, adopted) = match mode {
+            AttachMode::Clsact => {
+                match tc::qdisc_add_clsact(iface) {
+                    Ok(()) => self.added_clsact.push(iface.to_owned()),
+                    Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
+                    Err(source) => return Err(BpfError::Clsact { iface: iface.to_owned(), source }),
+                }
+                let handle = TcHandle::from(FILTER_HANDLE);
+                let existing =
+                    SchedClassifierLink::attached(iface, TcAttachType::Egress, FILTER_PRIORITY, handle, None)
+                        .map_err(|e| attach_err(ProgramError::IOError(e)))?;
+                // Without NLM_F_CREATE the kernel only replaces: ENOENT when there is nothing.
+                if let Ok(id) = self.program_mut().attach_to_link(existing) {
+                    (id, None, true)
+                } else {
+                    let options = TcAttachOptions::Netlink(NlOptions {
+                        priority: FILTER_PRIORITY,
+                        handle,
+                        ..NlOptions::default()
+                    });
+                    let id = self
+                        .program_mut()
+                        .attach_with_options(iface, TcAttachType::Egress, options)
+                        .map_err(attach_err)?;
+                    (id, None, false)
+                }
             }
+            AttachMode::Tcx => {
+                let pin = self.pin_dir.as_ref().map(|d| d.join(format!("link-{iface}")));
+                if let Some(path) = pin.as_ref().filter(|p| p.exists()) {
+                    let old = PinnedLink::from_pin(path).map_err(pin_err(path, "opening the pinned link"))?;
+                    let link = SchedClassifierLink::try_from(FdLink::from(old))
+                        .map_err(pin_err(path, "reading the pinned link"))?;
+                    let id = self.program_mut().attach_to_link(link).map_err(attach_err)?;
+                    (id, pin, true)
+                } else {
+                    let options = TcAttachOptions::TcxOrder(LinkOrder::default());
+                    let id = self
+                        .program_mut()
+                        .attach_with_options(iface, TcAttachType::Egress, options)
+                        .map_err(attach_err)?;
+                    (id, pin, false)
+                }
+            }
+        };
+        let mut link = self.program_mut().take_link(id).map_err(attach_err)?;
+        if let Some(path) = pin.as_ref().filter(|p| !p.exists()) {
+            // A pinned TCX link stays attached when this process exits, as a clsact filter does.
+            let fd = FdLink::try_from(link).map_err(pin_err(path, "pinning the link"))?;
+            let pinned = fd.pin(path).map_err(pin_err(path, "pinning the link"))?;
+            link = SchedClassifierLink::try_from(FdLink::from(pinned)).map_err(pin_err(path, "pinning the link"))?;
         }
-        let link = self
-            .program_mut()
-            .attach(iface, TcAttachType::Egress)
-            .map_err(|source| BpfError::Attach { iface: iface.to_owned(), source })?;
-        self.links.push((iface.to_owned(), link));
-        Ok(mode)
+        self.links.push(Attached { iface: iface.to_owned(), link, pin });
+        Ok((mode, adopted))
     }
 
-    /// Detaches from every interface. Returns the interfaces whose clsact qdisc this process
-    /// added, for the caller to remove (see [`crate::qdisc::delete_clsact`]).
+    /// Detaches from every interface (and removes the links' pins). Returns the interfaces
+    /// whose clsact qdisc this process added, for the caller to remove (see
+    /// [`crate::qdisc::delete_clsact`]).
     pub fn detach_all(&mut self) -> Result<Vec<String>, BpfError> {
         let mut first_err = None;
-        for (iface, link) in std::mem::take(&mut self.links) {
-            if let Err(source) = self.program_mut().detach(link) {
+        for Attached { iface, link, pin } in std::mem::take(&mut self.links) {
+            if let Some(path) = pin {
+                if let Err(e) = std::fs::remove_file(&path) {
+                    first_err.get_or_insert(BpfError::Pin {
+                        path,
+                        action: "removing the link's pin",
+                        source: Box::new(e),
+                    });
+                }
+            }
+            if let Err(source) = link.detach() {
                 first_err.get_or_insert(BpfError::Detach { iface, source });
             }
         }
@@ -206,9 +331,44 @@ impl Datapath {
         first_err.map_or(Ok(added), Err)
     }
 
+    /// Leaves the program attached and the maps pinned when this process exits, for the next
+    /// shaperd to take over (an upgrade): shaping goes on at the last rates meanwhile.
+    pub fn leave_in_place(&mut self) {
+        for attached in std::mem::take(&mut self.links) {
+            if attached.pin.is_some() {
+                // A TCX link lives on by its pin: dropping it only closes this process's fd.
+                drop(attached.link);
+            } else {
+                // Dropping a netlink link would delete the filter.
+                std::mem::forget(attached.link);
+            }
+        }
+        self.added_clsact.clear();
+    }
+
+    /// Removes the maps' pins (after [`Self::detach_all`]); the maps go when the last user
+    /// lets go of them.
+    pub fn unpin_maps(&mut self) -> Result<(), BpfError> {
+        let Some(dir) = self.pin_dir.take() else { return Ok(()) };
+        for name in maps::ALL {
+            let path = dir.join(name);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(BpfError::Pin { path, action: "removing the map's pin", source: Box::new(e) }),
+            }
+        }
+        std::fs::remove_dir(&dir).map_err(pin_err(&dir, "removing the pin directory"))?;
+        if let Some(root) = dir.parent() {
+            // The root is shared by nothing else of ours; leave it if anything is still in it.
+            let _ = std::fs::remove_dir(root);
+        }
+        Ok(())
+    }
+
     /// Interface names the program is attached to.
     pub fn attached(&self) -> impl Iterator<Item = &str> {
-        self.links.iter().map(|(i, _)| i.as_str())
+        self.links.iter().map(|a| a.iface.as_str())
     }
 
     /// Sets an interface's slot, default class and overhead.
@@ -256,22 +416,37 @@ impl Datapath {
         self.globals
             .set(0, Globals { tuple_count: count, bank }, 0)
             .map_err(map_err(maps::GLOBALS, "switching to the new rule bank"))?;
-        self.banks[bank as usize] = Some(BankContents { keys, ports });
+        self.banks[bank as usize] = BankContents { keys: Some(keys), ports: Some(ports) };
         Ok(())
     }
 
-    /// Empties rule bank `bank`: the entries and port ids this process wrote there, or, for a
-    /// bank written by an earlier process (pinned maps), every entry of the bank.
+    /// The ports with interval ids in each rule bank, if known: for the next process that
+    /// takes the pinned maps over ([`Self::assume_bank_ports`]).
+    #[must_use]
+    pub fn bank_ports(&self) -> [Option<Vec<u32>>; 2] {
+        [self.banks[0].ports.clone(), self.banks[1].ports.clone()]
+    }
+
+    /// Takes what an earlier process recorded with [`Self::bank_ports`] as the banks' ports,
+    /// so that clearing a bank need not write all 65,536 ports of both tables.
+    pub fn assume_bank_ports(&mut self, ports: [Option<Vec<u32>>; 2]) {
+        for (bank, ports) in self.banks.iter_mut().zip(ports) {
+            if bank.ports.is_none() {
+                bank.ports = ports.filter(|p| p.iter().all(|&port| port < PORT_SLOTS));
+            }
+        }
+    }
+
+    /// Empties rule bank `bank`: the entries and port ids known to be there; the entries of an
+    /// unknown bank are found by walking `RULES`, its ports are all cleared.
     fn clear_bank(&mut self, bank: u32) -> Result<(), BpfError> {
         let port_base = bank * PORT_SLOTS;
-        let (keys, ports) = if let Some(BankContents { keys, ports }) = self.banks[bank as usize].take() {
-            (keys, ports)
-        } else {
+        let BankContents { keys, ports } = std::mem::take(&mut self.banks[bank as usize]);
+        let keys = keys.unwrap_or_else(|| {
             let range = bank * MAX_TUPLES..(bank + 1) * MAX_TUPLES;
-            let keys: Vec<RuleKey> =
-                self.rules.keys().filter_map(Result::ok).filter(|k| range.contains(&u32::from(k.tuple))).collect();
-            (keys, (0..PORT_SLOTS).collect())
-        };
+            self.rules.keys().filter_map(Result::ok).filter(|k| range.contains(&u32::from(k.tuple))).collect()
+        });
+        let ports = ports.unwrap_or_else(|| (0..PORT_SLOTS).collect());
         for key in &keys {
             match self.rules.remove(key) {
                 Ok(()) | Err(MapError::KeyNotFound) => {}
@@ -340,4 +515,50 @@ impl Drop for Datapath {
             tracing::warn!(error = %e, "detaching on drop");
         }
     }
+}
+
+/// Makes sure `root` is (or will be created) on a bpffs mount: mounts bpffs at `/sys/fs/bpf`
+/// when `root` is below it and nothing is mounted there (systemd mounts it at boot; a minimal
+/// system may not).
+fn ensure_bpffs(root: &Path) -> Result<(), BpfError> {
+    let mut existing = root;
+    while !existing.exists() {
+        existing = existing.parent().unwrap_or(Path::new("/"));
+    }
+    if fs_type(existing) == Some(BPF_FS_MAGIC) {
+        return Ok(());
+    }
+    let sys_fs_bpf = Path::new("/sys/fs/bpf");
+    if root.starts_with(sys_fs_bpf) && existing == sys_fs_bpf {
+        // SAFETY: mount(2) with valid NUL-terminated strings.
+        let rc = unsafe {
+            libc::mount(c"bpf".as_ptr(), c"/sys/fs/bpf".as_ptr(), c"bpf".as_ptr(), 0, c"mode=0700".as_ptr().cast())
+        };
+        if rc == 0 {
+            tracing::info!("mounted bpffs at /sys/fs/bpf");
+            return Ok(());
+        }
+        return Err(BpfError::Pin {
+            path: sys_fs_bpf.to_owned(),
+            action: "mounting bpffs (mount -t bpf bpf /sys/fs/bpf)",
+            source: Box::new(std::io::Error::last_os_error()),
+        });
+    }
+    Err(BpfError::Pin {
+        path: root.to_owned(),
+        action: "not on a bpf filesystem; pin under /sys/fs/bpf or mount bpffs there",
+        source: Box::new(std::io::Error::from(std::io::ErrorKind::InvalidInput)),
+    })
+}
+
+/// The filesystem type (`f_type`) of the mount `path` is on.
+fn fs_type(path: &Path) -> Option<i64> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a zeroed statfs is a valid out-parameter.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out-pointer.
+    let rc = unsafe { libc::statfs(c.as_ptr(), &raw mut st) };
+    #[allow(clippy::useless_conversion, reason = "f_type is i64 on x86_64, other widths elsewhere")]
+    (rc == 0).then(|| i64::from(st.f_type))
 }

@@ -6,7 +6,7 @@
 
 use std::{
     collections::VecDeque,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -139,6 +139,7 @@ struct State {
     ifindexes: Vec<u32>,
     /// Incremented by every change applied after the start.
     generation: u64,
+    options: Options,
 }
 
 fn class_config(class: &Class, rate: Rate) -> ClassConfig {
@@ -213,10 +214,30 @@ fn ifindex(name: &str) -> Option<u32> {
 }
 
 /// Interfaces without a link-layer header (tun, WireGuard, PPP) hand the program packets that
-/// start with the IP header.
+/// start with the IP header. The hardware type comes from `SIOCGIFHWADDR`, which asks this
+/// thread's network namespace (`/sys/class/net` shows the namespace sysfs was mounted in).
 fn is_l3(name: &str) -> bool {
-    const ARPHRD_ETHER: &str = "1";
-    std::fs::read_to_string(format!("/sys/class/net/{name}/type")).is_ok_and(|t| t.trim() != ARPHRD_ETHER)
+    // SAFETY: an all-zero ifreq is valid.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    if name.len() >= ifr.ifr_name.len() {
+        return false;
+    }
+    for (dst, &src) in ifr.ifr_name.iter_mut().zip(name.as_bytes()) {
+        *dst = src.cast_signed();
+    }
+    // SAFETY: plain socket(2); the descriptor is closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: SIOCGIFHWADDR fills the ifreq we pass.
+    let rc = unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR, &raw mut ifr) };
+    // SAFETY: fd is ours.
+    unsafe { libc::close(fd) };
+    // SAFETY: on success the kernel wrote the hardware address variant of the union.
+    // Ethernet and loopback devices carry an Ethernet header; the others shaper meets
+    // (ARPHRD_NONE for tun and WireGuard, PPP, raw IP) start at the IP header.
+    rc == 0 && !matches!(unsafe { ifr.ifr_ifru.ifru_hwaddr.sa_family }, libc::ARPHRD_ETHER | libc::ARPHRD_LOOPBACK)
 }
 
 fn horizon_ns(d: Duration) -> u64 {
@@ -272,18 +293,40 @@ pub enum Signal {
     Reload,
     /// Detach, restore every interface and exit (SIGTERM, SIGINT).
     Stop,
+    /// Exit and leave the datapath shaping at its last rates, pinned, for the next shaperd to
+    /// take over (SIGUSR2; an upgrade).
+    Handover,
 }
 
-/// Where the daemon listens.
+/// Where the daemon listens and keeps its state.
 #[derive(Clone, Debug)]
 pub struct Options {
     /// The control socket.
     pub socket: PathBuf,
+    /// Where the maps (and TCX links) are pinned, so that shaping outlives the process and a
+    /// later shaperd takes it over; `None` keeps everything to this process.
+    pub pin_dir: Option<PathBuf>,
+}
+
+impl Options {
+    /// What the next shaperd needs to take the pinned maps over ([`Handover`]), kept beside
+    /// the socket.
+    fn handover_file(&self) -> PathBuf {
+        self.socket.with_file_name("shaperd.handover.json")
+    }
+}
+
+/// What [`start`] set up.
+struct Started {
+    classes: Vec<ClassEntry>,
+    server: Server,
+    metrics_listener: Option<tokio::net::TcpListener>,
 }
 
 /// Runs the daemon until a [`Signal::Stop`] arrives (or `signals` closes), then detaches and
-/// restores every interface. `ready` is called once shaping is in place and the control
-/// socket listens (the binary tells systemd).
+/// restores every interface; or until [`Signal::Handover`], leaving shaping in place. `ready`
+/// is called once shaping is in place and the control socket listens (the binary tells
+/// systemd).
 ///
 /// Everything that can be checked without touching the kernel is checked first; if a later
 /// step fails, what was already changed is undone before the error is returned.
@@ -292,52 +335,29 @@ pub async fn run(
     options: Options,
     mut signals: tokio::sync::mpsc::Receiver<Signal>,
     ready: impl FnOnce(),
-) -> Result<(), DaemonError> {
+) -> Result<Exit, DaemonError> {
     let mut ifindexes = Vec::new();
     for iface in &config.interfaces {
         let index = ifindex(&iface.name)
             .ok_or_else(|| DaemonError::NoInterface { name: iface.name.clone(), path: config.path.clone() })?;
         ifindexes.push(index);
     }
-    let ids = assign_ids(&config, &[]).expect("validated: at most MAX_CLASSES classes");
-    let compiled = rules::compile(&rule_specs(&config, &ids))
+    let fresh_ids = assign_ids(&config, &[]).expect("validated: at most MAX_CLASSES classes");
+    rules::compile(&rule_specs(&config, &fresh_ids))
         .map_err(|source| DaemonError::Rules { path: config.path.clone(), source })?;
-    let mut datapath = Datapath::load()?;
-
-    let mut guards: Vec<FqGuard> = Vec::new();
-    let started = async {
-        for iface in &config.interfaces {
-            guards.push(qdisc::ensure_fq(&iface.name, iface.replace_qdisc, fq_limits(&config, &iface.name)).await?);
-        }
-        let mut classes = Vec::new();
-        for (class, &id) in config.classes.iter().zip(&ids) {
-            let leaf = config.is_leaf(&class.name);
-            if leaf {
-                datapath.set_class(id, class_config(class, class.rate))?;
-            }
-            classes.push(ClassEntry::new(id, leaf, class.rate));
-        }
-        set_ifaces(&mut datapath, &config, &ifindexes, &ids)?;
-        datapath.load_rules(&compiled)?;
-        for iface in &config.interfaces {
-            let mode = datapath.attach(&iface.name)?;
-            info!(interface = %iface.name, ?mode, "attached at egress");
-        }
-        let server = Server::bind(&options.socket).await?;
-        let metrics_listener = match config.daemon.metrics_listen {
-            Some(addr) => Some(
-                tokio::net::TcpListener::bind(addr).await.map_err(|source| DaemonError::Metrics { addr, source })?,
-            ),
-            None => None,
-        };
-        Ok::<_, DaemonError>((classes, server, metrics_listener))
+    let (mut datapath, adopted) = match &options.pin_dir {
+        Some(root) => Datapath::load_pinned(root)?,
+        None => (Datapath::load()?, false),
+    };
+    if adopted {
+        info!(pins = %options.pin_dir.as_deref().unwrap_or(Path::new("")).display(), "taking over the maps an earlier shaperd left");
     }
-    .await;
-
-    let (classes, server, metrics_listener) = match started {
+    let mut guards: Vec<FqGuard> = Vec::new();
+    let started = start(&config, &options, &mut datapath, adopted, &ifindexes, &mut guards).await;
+    let Started { classes, server, metrics_listener } = match started {
         Ok(s) => s,
         Err(e) => {
-            teardown(&mut datapath, guards).await;
+            teardown(&mut datapath, guards, &options).await;
             return Err(e);
         }
     };
@@ -347,15 +367,24 @@ pub async fn run(
     let tick = config.daemon.tick;
     let trees = trees(&config);
     let shared = Arc::new(Shared {
-        state: Mutex::new(State { config, classes, trees, datapath, ifindexes, generation: 0 }),
+        state: Mutex::new(State {
+            config,
+            classes,
+            trees,
+            datapath,
+            ifindexes,
+            generation: 0,
+            options: options.clone(),
+        }),
         metrics: Arc::new(Metrics::new()),
     });
     let (stop, stopped) = watch::channel(false);
     let control = tokio::spawn(control_loop(Arc::clone(&shared), tick, stopped.clone()));
     let exporter = metrics_listener.map(|listener| spawn_exporter(listener, &shared, stopped.clone()));
     let mut server_stopped = stopped;
-    tokio::join!(
+    let (last, ()) = tokio::join!(
         async {
+            let mut last = Signal::Stop;
             while let Some(signal) = signals.recv().await {
                 match signal {
                     Signal::Reload => {
@@ -363,10 +392,14 @@ pub async fn run(
                             error!(error = %e, "reload refused; the running configuration stays in force");
                         }
                     }
-                    Signal::Stop => break,
+                    Signal::Stop | Signal::Handover => {
+                        last = signal;
+                        break;
+                    }
                 }
             }
             let _ = stop.send(true);
+            last
         },
         server.serve(Arc::clone(&shared), async move {
             let _ = server_stopped.wait_for(|s| *s).await;
@@ -382,10 +415,119 @@ pub async fn run(
         warn!(error = %e, "the metrics endpoint ended abnormally");
     }
     drop(server);
-    info!("shutting down");
     let mut state = shared.state.lock().await;
-    teardown(&mut state.datapath, guards).await;
-    Ok(())
+    if last == Signal::Handover && options.pin_dir.is_some() {
+        state.datapath.leave_in_place();
+        info!("exiting with the datapath left in place at its last rates, for the next shaperd to take over");
+        Ok(Exit::HandedOver)
+    } else {
+        if last == Signal::Handover {
+            warn!("nothing is pinned (--no-pin): stopping instead of handing over");
+        }
+        info!("shutting down");
+        teardown(&mut state.datapath, guards, &options).await;
+        Ok(Exit::Stopped)
+    }
+}
+
+/// How [`run`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// Everything was detached and restored.
+    Stopped,
+    /// The datapath was left shaping for the next shaperd ([`Signal::Handover`]).
+    HandedOver,
+}
+
+/// Sets everything up: `fq` on each interface, the classes, the rules, the attachments, the
+/// control socket and the metrics listener. With `adopted` maps, the class ids and rates an
+/// earlier shaperd used carry on.
+async fn start(
+    config: &Config,
+    options: &Options,
+    datapath: &mut Datapath,
+    adopted: bool,
+    ifindexes: &[u32],
+    guards: &mut Vec<FqGuard>,
+) -> Result<Started, DaemonError> {
+    let handover = if adopted { Handover::read(&options.handover_file()) } else { Handover::default() };
+    datapath.assume_bank_ports(handover.bank_ports);
+    let previous: Vec<(&str, u32)> = handover.classes.iter().map(|(n, id)| (n.as_str(), *id)).collect();
+    let ids = assign_ids(config, &previous).expect("validated: at most MAX_CLASSES classes");
+    let compiled = rules::compile(&rule_specs(config, &ids))
+        .map_err(|source| DaemonError::Rules { path: config.path.clone(), source })?;
+    for iface in &config.interfaces {
+        guards.push(qdisc::ensure_fq(&iface.name, iface.replace_qdisc, fq_limits(config, &iface.name)).await?);
+    }
+    let mut classes = Vec::new();
+    for (class, &id) in config.classes.iter().zip(&ids) {
+        let leaf = config.is_leaf(&class.name);
+        let mut entry = ClassEntry::new(id, leaf, class.rate);
+        if leaf {
+            if previous.iter().any(|&(n, _)| n == class.name) {
+                // Go on at the rate the class was paced at, not back to its guarantee.
+                let paced = Rate::from_bits_per_sec(datapath.class_config(id)?.rate_bytes.saturating_mul(8));
+                entry.current = paced.max(class.rate).min(class.ceil);
+            }
+            datapath.set_class(id, class_config(class, entry.current))?;
+        }
+        classes.push(entry);
+    }
+    set_ifaces(datapath, config, ifindexes, &ids)?;
+    datapath.load_rules(&compiled)?;
+    for iface in &config.interfaces {
+        let (mode, took_over) = datapath.attach(&iface.name)?;
+        info!(interface = %iface.name, ?mode, took_over, "attached at egress");
+    }
+    Handover::write(&options.handover_file(), config, &ids, datapath);
+    let server = Server::bind(&options.socket).await?;
+    let metrics_listener = match config.daemon.metrics_listen {
+        Some(addr) => {
+            Some(tokio::net::TcpListener::bind(addr).await.map_err(|source| DaemonError::Metrics { addr, source })?)
+        }
+        None => None,
+    };
+    Ok(Started { classes, server, metrics_listener })
+}
+
+/// What a shaperd records beside its socket for the next one to take its pinned maps over:
+/// which datapath id each class has, and which ports each rule bank uses.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Handover {
+    classes: Vec<(String, u32)>,
+    bank_ports: [Option<Vec<u32>>; 2],
+}
+
+impl Handover {
+    /// What an earlier shaperd wrote; nothing if there is no file or it cannot be read (the
+    /// classes then get fresh ids, in file order).
+    fn read(path: &Path) -> Handover {
+        match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                warn!(file = %path.display(), error = %e, "ignoring an unreadable handover file");
+                Handover::default()
+            }),
+            Err(e) => {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    warn!(file = %path.display(), error = %e, "reading the handover file");
+                }
+                Handover::default()
+            }
+        }
+    }
+
+    /// Records the state of `datapath` running `config` with class ids `ids`.
+    fn write(path: &Path, config: &Config, ids: &[u32], datapath: &Datapath) {
+        let handover = Handover {
+            classes: config.classes.iter().zip(ids).map(|(c, &id)| (c.name.clone(), id)).collect(),
+            bank_ports: datapath.bank_ports(),
+        };
+        let json = serde_json::to_vec(&handover).expect("serializable");
+        let tmp = path.with_extension("json.tmp");
+        if let Err(e) = std::fs::write(&tmp, json).and_then(|()| std::fs::rename(&tmp, path)) {
+            warn!(file = %path.display(), error = %e, "writing the handover file");
+        }
+    }
 }
 
 /// Serves Prometheus scrapes from `listener` until `stopped` turns true.
@@ -451,8 +593,9 @@ async fn control_loop(shared: Arc<Shared>, tick: Duration, mut stopped: watch::R
     }
 }
 
-/// Detaches the program, removes the clsact qdiscs it added and restores the root qdiscs.
-async fn teardown(datapath: &mut Datapath, guards: Vec<FqGuard>) {
+/// Detaches the program, removes the clsact qdiscs it added, restores the root qdiscs and
+/// removes the pins and the handover file.
+async fn teardown(datapath: &mut Datapath, guards: Vec<FqGuard>, options: &Options) {
     match datapath.detach_all() {
         Ok(added_clsact) => {
             for iface in added_clsact {
@@ -469,6 +612,10 @@ async fn teardown(datapath: &mut Datapath, guards: Vec<FqGuard>) {
             warn!(interface = %iface, error = %e, "restoring the root qdisc");
         }
     }
+    if let Err(e) = datapath.unpin_maps() {
+        warn!(error = %e, "removing the pins");
+    }
+    let _ = std::fs::remove_file(options.handover_file());
 }
 
 impl State {
@@ -653,6 +800,7 @@ impl State {
             }
         }
         let changes = describe_changes(&self.config, &new);
+        Handover::write(&self.options.handover_file(), &new, &ids, &self.datapath);
         self.config = new;
         self.classes = entries;
         self.trees = trees(&self.config);
@@ -772,5 +920,46 @@ impl Handler for Shared {
                 self.reload().await
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_and_missing_interfaces_are_not_l3() {
+        assert!(!is_l3("lo"), "loopback frames carry an Ethernet header");
+        assert!(!is_l3("no-such-if0"));
+        assert!(!is_l3("a-name-longer-than-ifnamsiz"));
+    }
+
+    fn config(classes: &[&str]) -> Config {
+        let text: String = classes
+            .iter()
+            .map(|c| format!("[[class]]\nname = \"{c}\"\nrate = \"1mbit\"\n"))
+            .fold(String::from("[[interface]]\nname = \"lan0\"\nrate = \"10mbit\"\ndefault = \"a\"\n"), |t, c| t + &c);
+        Config::parse(&text, Path::new("t.toml")).unwrap()
+    }
+
+    #[test]
+    fn class_ids_are_kept_by_name_and_new_ones_never_reuse_an_old_id() {
+        let ids = assign_ids(&config(&["a", "b", "c"]), &[]).unwrap();
+        assert_eq!(ids, [0, 1, 2]);
+        // b removed, d added: a and c keep theirs; d takes neither b's nor anyone's.
+        let ids = assign_ids(&config(&["a", "c", "d"]), &[("a", 0), ("b", 1), ("c", 2)]).unwrap();
+        assert_eq!(ids, [0, 2, 3]);
+    }
+
+    #[test]
+    fn changes_are_described_one_per_line() {
+        let old = config(&["a", "b"]);
+        let mut new = config(&["a", "c"]);
+        new.classes[0].prio = 3;
+        let changes = describe_changes(&old, &new);
+        assert_eq!(
+            changes,
+            ["class a: prio 0 -> 3", "class c: added (rate 1mbit, ceil 10mbit, prio 0)", "class b: removed"]
+        );
     }
 }

@@ -63,6 +63,10 @@ const TCA_FQ_FLOW_PLIMIT: u16 = 2;
 const TC_H_ROOT: u32 = 0xFFFF_FFFF;
 /// `TC_H_INGRESS` (= `TC_H_CLSACT`): the parent of the `ingress`/`clsact` qdisc.
 const TC_H_INGRESS: u32 = 0xFFFF_FFF1;
+/// The handle of the `fq` that shaperd installs (`5a1f:`). A later shaperd that finds it (the
+/// previous one was killed, or left the datapath in place for an upgrade) knows the qdisc is
+/// shaper's and removes it on stop, rather than keeping it as an admin's `fq`.
+pub const SHAPER_FQ_HANDLE: u32 = 0x5A1F_0000;
 /// The kind of qdisc that enforces `skb->tstamp`.
 const FQ: &str = "fq";
 /// The kind of the multiqueue root qdisc.
@@ -268,6 +272,8 @@ impl KernelError {
 enum Decision {
     /// `fq` is already in charge.
     Keep,
+    /// The `fq` an earlier shaperd installed: take it over; restoring deletes it.
+    Adopt,
     /// Install `fq`; restoring will take this action.
     Install(Restore),
     /// Leave the admin's qdisc alone and fail.
@@ -280,6 +286,7 @@ enum Decision {
 /// Decides what to do about `root`: the policy, with no I/O.
 fn decide(root: &RootQdisc, replace_other: bool) -> Decision {
     match root {
+        RootQdisc::Fq { handle } if *handle == SHAPER_FQ_HANDLE => Decision::Adopt,
         RootQdisc::Fq { .. } | RootQdisc::MqAllFq => Decision::Keep,
         RootQdisc::Default { .. } => Decision::Install(Restore::DeleteRoot),
         RootQdisc::Other { kind, .. } if replace_other => Decision::Install(Restore::Replaced { kind: kind.clone() }),
@@ -474,6 +481,7 @@ impl Rtnl {
     async fn install_fq(&self, ifname: &str, ifindex: u32, limits: FqLimits) -> Result<(), QdiscError> {
         let mut message = TcMessage::with_index(tc_index(ifname, ifindex)?);
         message.header.parent = TcHandle::ROOT;
+        message.header.handle = SHAPER_FQ_HANDLE.into();
         message.attributes.push(TcAttribute::Kind(FQ.to_owned()));
         message.attributes.push(TcAttribute::Options(vec![
             TcOption::Other(DefaultNla::new(TCA_FQ_PLIMIT, limits.packets.to_ne_bytes().to_vec())),
@@ -574,6 +582,15 @@ pub async fn ensure_fq(ifname: &str, replace_other: bool, limits: FqLimits) -> R
         Decision::Keep => {
             info!(ifname, %root, "root qdisc already enforces departure times; keeping it");
             return Ok(FqGuard { ifname: ifname.to_owned(), ifindex, action: Restore::Nothing, fq_handle: 0 });
+        }
+        Decision::Adopt => {
+            info!(ifname, "taking over the fq an earlier shaperd installed; it is removed on stop");
+            return Ok(FqGuard {
+                ifname: ifname.to_owned(),
+                ifindex,
+                action: Restore::DeleteRoot,
+                fq_handle: SHAPER_FQ_HANDLE,
+            });
         }
         Decision::Refuse { kind } => return Err(QdiscError::Occupied { ifname: ifname.to_owned(), kind }),
         Decision::Install(action) => action,
@@ -685,7 +702,9 @@ mod tests {
     }
 
     #[test]
-    fn fq_is_kept_whatever_its_handle() {
+    fn fq_is_kept_whatever_its_handle_but_shapers_own_is_taken_over() {
+        let root = RootQdisc::Fq { handle: SHAPER_FQ_HANDLE };
+        assert_eq!(decide(&root, false), Decision::Adopt);
         for handle in [0, 0x8001_0000, 0x0001_0000] {
             let root = classify(&[entry("clsact", 0xFFFF_0000, TC_H_INGRESS), entry(FQ, handle, TC_H_ROOT)]);
             assert_eq!(root, RootQdisc::Fq { handle });

@@ -81,6 +81,13 @@ impl Topology {
         self.dir.join("shaper.sock")
     }
 
+    /// Where this topology's shaperd pins its maps (one directory per topology, so that the
+    /// daemons of different tests never take over each other's).
+    #[must_use]
+    pub fn pin_dir(&self) -> PathBuf {
+        PathBuf::from("/sys/fs/bpf").join(self.dir.file_name().expect("a named scratch directory"))
+    }
+
     /// Starts shaperd in the gateway namespace with the configuration `config` (TOML text)
     /// and waits until it answers on its socket.
     pub fn shaperd(&self, config: &str) -> Daemon {
@@ -89,12 +96,14 @@ impl Topology {
         let log = self.dir.join("shaperd.log");
         let child = self
             .gw
-            .command(bin("shaperd").to_str().expect("UTF-8 path"))
+            .command_net_only(bin("shaperd").to_str().expect("UTF-8 path"))
             .args([
                 "--config",
                 path.to_str().expect("UTF-8 path"),
                 "--socket",
                 self.socket().to_str().expect("UTF-8 path"),
+                "--pin-dir",
+                self.pin_dir().to_str().expect("UTF-8 path"),
             ])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
@@ -221,8 +230,19 @@ impl Daemon {
 
     /// Sends `signal` to shaperd.
     pub fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) on our own child's pid (`ip netns exec` execs shaperd in place).
+        // SAFETY: kill(2) on our own child's pid (nsenter execs shaperd in place).
         unsafe { libc::kill(i32::try_from(self.child.id()).expect("pid"), signal) };
+    }
+
+    /// Kills shaperd with SIGKILL (no cleanup of any kind) and waits for it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for shaperd to exit.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        self.child.wait().expect("waiting for shaperd")
     }
 
     /// Whether shaperd is still running.

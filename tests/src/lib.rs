@@ -298,6 +298,16 @@ impl Netns {
         assert_eq!(rc, 0, "entering {}: {}", self.name, std::io::Error::last_os_error());
     }
 
+    /// A command to run inside the namespace's network only (`nsenter --net`), keeping the
+    /// host's mounts: a daemon whose bpffs pins must outlive it cannot run under `ip netns
+    /// exec`, which gives each command a mount namespace of its own (and /sys with it).
+    #[must_use]
+    pub fn command_net_only(&self, program: &str) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.name)).arg(program);
+        c
+    }
+
     /// A command to run inside the namespace.
     #[must_use]
     pub fn command(&self, program: &str) -> Command {

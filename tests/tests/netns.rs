@@ -9,22 +9,12 @@
     reason = "figures for reports and tolerances"
 )]
 
-use std::{fs::File, os::fd::AsRawFd as _};
-
 use shaper::{
     bpf::Datapath,
     rules::{compile, RuleSpec},
 };
 use shaper_common::{ClassConfig, IfaceConfig, IFACE_ENABLED};
 use shaper_tests::{require_root, veth, Netns};
-
-/// Moves the calling thread into `ns` (network namespaces are per thread).
-fn enter(ns: &Netns) {
-    let f = File::open(format!("/run/netns/{}", ns.name)).expect("netns file");
-    // SAFETY: valid fd of a network namespace.
-    let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
-}
 
 fn rx_bytes(ns: &Netns, ifname: &str) -> u64 {
     let out = ns.sh(&["cat", &format!("/sys/class/net/{ifname}/statistics/rx_bytes")]);
@@ -51,7 +41,7 @@ fn per_class_counters_match_bytes_that_crossed_the_veth() {
 
     let (mut dp, ifindex) = std::thread::scope(|s| {
         s.spawn(|| {
-            enter(&gw);
+            gw.enter();
             let mut dp = Datapath::load().expect("loading the tc program");
             // (/sys still shows the namespace it was mounted in; the ioctl asks this thread's.)
             // SAFETY: valid NUL-terminated name.
@@ -126,9 +116,11 @@ fn shaperd_refuses_to_start_without_fq() {
         "[[interface]]\nname = \"lan0\"\nrate = \"10mbit\"\ndefault = \"rest\"\n\n[[class]]\nname = \"rest\"\nrate = \"10mbit\"\n",
     )
     .unwrap();
+    let pins = "/sys/fs/bpf/shaper-t-nofq";
     let out = gw
         .command(shaper_tests::bin("shaperd").to_str().unwrap())
         .args(["--config", config.to_str().unwrap(), "--socket", dir.join("s.sock").to_str().unwrap()])
+        .args(["--pin-dir", pins])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -139,4 +131,77 @@ fn shaperd_refuses_to_start_without_fq() {
     assert!(String::from_utf8_lossy(&filters.stdout).trim().is_empty());
     let qdisc = gw.sh(&["tc", "qdisc", "show", "dev", "lan0"]);
     assert!(String::from_utf8_lossy(&qdisc.stdout).contains("noqueue"), "{}", String::from_utf8_lossy(&qdisc.stdout));
+    assert!(!std::path::Path::new(pins).exists(), "the pins it made are removed");
+}
+
+/// The TCX links, system-wide, whose program is shaper's (link info does not name the
+/// interface; the tests run one at a time).
+fn shaper_tcx_links() -> usize {
+    use aya::programs::{links::LinkType, loaded_links};
+    let ours: std::collections::HashSet<u32> = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| p.name_as_str() == Some(shaper_common::PROGRAM_NAME))
+        .map(|p| p.id())
+        .collect();
+    loaded_links()
+        .filter_map(Result::ok)
+        .filter(|l| l.link_type().ok() == Some(LinkType::Tcx) && ours.contains(&l.program_id()))
+        .count()
+}
+
+/// A datapath pinned under bpffs outlives its process and is taken over by the next one:
+/// the TCX link gets the new program in place (no second link), the rules, rates and
+/// counters carry on, and the last one to stop removes everything.
+#[test]
+fn pinned_datapath_is_taken_over_in_place() {
+    require_root();
+    let gw = Netns::new("shaper-t-pin");
+    let lan = Netns::new("shaper-t-pin-lan");
+    veth(&gw, "lan0", &["10.79.0.1/24"], &lan, "eth0", &["10.79.0.100/24"]);
+    let root = std::path::PathBuf::from("/sys/fs/bpf/shaper-t-pin");
+    let _ = std::fs::remove_dir_all(&root);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            gw.enter();
+            // SAFETY: valid NUL-terminated name.
+            let ifindex = unsafe { libc::if_nametoindex(c"lan0".as_ptr()) };
+            let baseline = shaper_tcx_links();
+            let (mut first, adopted) = Datapath::load_pinned(&root).expect("loading with pins");
+            assert!(!adopted);
+            first
+                .set_iface(ifindex, IfaceConfig { slot: 0, default_class: 3, overhead: 0, flags: IFACE_ENABLED })
+                .unwrap();
+            first.load_rules(&compile(&[rule(0, 1, "10.79.0.1/32")]).unwrap()).unwrap();
+            let fast = ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: 1_000_000_000, ..ClassConfig::default() };
+            first.set_class(1, fast).unwrap();
+            let (_, took_over) = first.attach("lan0").unwrap();
+            assert!(!took_over);
+            gw.sh(&["ping", "-q", "-c", "5", "-i", "0.01", "10.79.0.100"]);
+            let counted = first.class_stats(1).unwrap().packets;
+            assert!(counted >= 5, "{counted}");
+            // The process "exits" leaving everything in place.
+            first.leave_in_place();
+            drop(first);
+            gw.sh(&["ping", "-q", "-c", "5", "-i", "0.01", "10.79.0.100"]);
+
+            let (mut second, adopted) = Datapath::load_pinned(&root).expect("taking over the pins");
+            assert!(adopted, "the maps an earlier process pinned are taken over");
+            assert!(second.class_stats(1).unwrap().packets >= counted + 5, "shaping went on without a process");
+            assert_eq!(second.class_config(1).unwrap(), fast, "the rates are the ones left");
+            let (_, took_over) = second.attach("lan0").unwrap();
+            assert!(took_over, "the pinned link is reused");
+            assert_eq!(shaper_tcx_links(), baseline + 1, "no second attachment");
+            // A new rule set goes into the bank the first process did not leave active.
+            second.load_rules(&compile(&[rule(0, 2, "10.79.0.1/32")]).unwrap()).unwrap();
+            second.set_class(2, fast).unwrap();
+            gw.sh(&["ping", "-q", "-c", "5", "-i", "0.01", "10.79.0.100"]);
+            assert!(second.class_stats(2).unwrap().packets >= 5);
+            second.detach_all().unwrap();
+            second.unpin_maps().unwrap();
+            assert_eq!(shaper_tcx_links(), baseline);
+        })
+        .join()
+        .unwrap();
+    });
+    assert!(!root.exists(), "nothing left under bpffs");
 }
