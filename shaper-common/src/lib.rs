@@ -25,6 +25,10 @@ pub const MAX_RULE_ENTRIES: u32 = 65536;
 /// Port interval ids (one array slot per port number).
 pub const PORT_SLOTS: u32 = 65536;
 
+/// Flows remembered for sparse-flow priority (`FLOWS`, an LRU hash: the least recently
+/// seen flow is forgotten first).
+pub const FLOW_SLOTS: u32 = 65536;
+
 /// Buckets of the per-class added-delay histogram.
 pub const DELAY_BUCKETS: usize = 16;
 /// The smallest bucket's upper bound (ns); bucket `i < DELAY_BUCKETS - 1` counts packets whose
@@ -47,7 +51,7 @@ pub fn delay_bucket(delay_ns: u64) -> usize {
 /// The version of the maps' layout (their key and value types and sizes). Pinned maps live in
 /// a directory named after it, so a shaperd whose maps differ never opens the pins of another:
 /// bump it whenever a map definition or a struct in this file changes.
-pub const MAP_LAYOUT_VERSION: u32 = 1;
+pub const MAP_LAYOUT_VERSION: u32 = 2;
 
 /// Map names, as they appear in the object file.
 pub mod maps {
@@ -60,9 +64,10 @@ pub mod maps {
     pub const CLASS_STATE: &str = "CLASS_STATE";
     pub const CLASS_STATS: &str = "CLASS_STATS";
     pub const GLOBALS: &str = "GLOBALS";
+    pub const FLOWS: &str = "FLOWS";
     /// Every map, for pinning.
-    pub const ALL: [&str; 9] =
-        [IFACES, TUPLES, RULES, SPORT_IDS, DPORT_IDS, CLASS_CONFIG, CLASS_STATE, CLASS_STATS, GLOBALS];
+    pub const ALL: [&str; 10] =
+        [IFACES, TUPLES, RULES, SPORT_IDS, DPORT_IDS, CLASS_CONFIG, CLASS_STATE, CLASS_STATS, GLOBALS, FLOWS];
 }
 
 /// Name of the tc program in the object file.
@@ -207,6 +212,8 @@ pub struct ClassStats {
     pub drop_aqm_bytes: u64,
     /// Packets sent (segments for GSO packets) by added delay, see [`delay_bucket`].
     pub delay_hist: [u64; DELAY_BUCKETS],
+    /// Packets of sparse flows sent ahead of the class's queue (see the datapath's `sparse`).
+    pub sparse_packets: u64,
 }
 
 impl ClassStats {
@@ -226,6 +233,7 @@ impl ClassStats {
         for (a, b) in self.delay_hist.iter_mut().zip(&o.delay_hist) {
             *a += b;
         }
+        self.sparse_packets += o.sparse_packets;
         self
     }
 }
@@ -237,7 +245,7 @@ const _: () = assert!(core::mem::size_of::<Tuple>() == 56);
 const _: () = assert!(core::mem::size_of::<RuleTarget>() == 8);
 const _: () = assert!(core::mem::size_of::<ClassConfig>() == 32);
 const _: () = assert!(core::mem::size_of::<ClassState>() == 40);
-const _: () = assert!(core::mem::size_of::<ClassStats>() == 80 + 8 * DELAY_BUCKETS);
+const _: () = assert!(core::mem::size_of::<ClassStats>() == 88 + 8 * DELAY_BUCKETS);
 
 #[cfg(feature = "user")]
 mod pod {

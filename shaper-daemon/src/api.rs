@@ -137,6 +137,8 @@ pub struct ClassStatus {
     /// Packets dropped by the AQM, and ECN-capable packets it marked instead.
     pub drops_aqm: u64,
     pub ecn_marks: u64,
+    /// Packets of sparse flows sent ahead of the class's queue.
+    pub sparse_packets: u64,
     /// Packets given a later departure time, and their mean added delay.
     pub delayed_packets: u64,
     pub mean_delay_us: u64,

@@ -723,6 +723,7 @@ impl State {
                 drops_horizon: s.drop_horizon_packets,
                 drops_aqm: s.drop_aqm_packets,
                 ecn_marks: s.ecn_marked_packets,
+                sparse_packets: s.sparse_packets,
                 delayed_packets: s.delayed_packets,
                 mean_delay_us: s.delay_ns_total.checked_div(s.delayed_packets).unwrap_or(0) / 1000,
                 p99_delay_us: entry.p99_delay_us(),

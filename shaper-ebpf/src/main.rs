@@ -16,13 +16,13 @@ mod parse;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_get_hash_recalc, bpf_ktime_get_ns},
     macros::{classifier, map},
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::TcContext,
 };
 use shaper_common::{
-    delay_bucket, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple, IFACE_L3,
+    delay_bucket, ClassConfig, FLOW_SLOTS, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple, IFACE_L3,
     MAX_CLASSES, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS, RULE_BANKS,
 };
 
@@ -44,6 +44,9 @@ static CLASS_CONFIG: Array<ClassConfig> = Array::with_max_entries(MAX_CLASSES, 0
 static CLASS_STATE: Array<ClassState> = Array::with_max_entries(MAX_CLASSES, 0);
 #[map]
 static CLASS_STATS: PerCpuArray<ClassStats> = PerCpuArray::with_max_entries(MAX_CLASSES, 0);
+/// (class id << 32 | flow hash) → departure time of the flow's latest packet.
+#[map]
+static FLOWS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(FLOW_SLOTS, 0);
 
 /// `__sk_buff.tstamp_type` value for a CLOCK_MONOTONIC delivery time
 /// (`BPF_SKB_TSTAMP_DELIVERY_MONO` since 5.18, renamed `BPF_SKB_CLOCK_MONOTONIC` in 6.11).
@@ -180,6 +183,29 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) ->
 
     // SAFETY: `state` is a valid map value pointer; no reference is created.
     let next = unsafe { core::ptr::addr_of_mut!((*state).next_ns) };
+
+    // SAFETY: the helper only reads (and caches) the skb's flow hash.
+    let flow = (u64::from(class) << 32) | u64::from(unsafe { bpf_get_hash_recalc(skb) });
+    if segs == 1 && sparse(next, flow, t0, now) {
+        // A sparse flow leaves at once, as fq_codel serves new flows first; its slot is still
+        // taken from the class clock, so the class keeps to its rate. CoDel does not see it:
+        // its delay says nothing about the class's queue.
+        let cost = bytes * 1_000_000_000 / config.rate_bytes;
+        // SAFETY: as for `pace`.
+        unsafe { edt::fetch_add(next, cost) };
+        let _ = FLOWS.insert(&flow, &t0, 0);
+        stats.sparse_packets += 1;
+        stats.bytes += bytes;
+        stats.packets += 1;
+        if let Some(b) = stats.delay_hist.get_mut(delay_bucket(t0 - now)) {
+            *b += 1;
+        }
+        if t0 != tstamp {
+            // SAFETY: as below.
+            unsafe { (*skb).tstamp = t0 };
+        }
+        return TC_ACT_OK;
+    }
     // SAFETY: `state` points into an array map value that lives as long as the map.
     let verdict = unsafe {
         edt::pace(core::ptr::addr_of_mut!((*state).next_ns), bytes, config.rate_bytes, t0, now, config.horizon_ns)
@@ -210,6 +236,7 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) ->
             }
             stats.bytes += bytes;
             stats.packets += segs;
+            let _ = FLOWS.insert(&flow, &depart, 0);
             if depart != tstamp {
                 // SAFETY: writing tstamp is allowed at tc egress; a write there marks the
                 // skb's timestamp as a mono delivery time (bpf_convert_tstamp_write()).
@@ -223,6 +250,28 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) ->
             TC_ACT_SHOT
         }
     }
+}
+
+/// The longest gap that makes a flow sparse: a flow that sends less than one packet per
+/// 10 ms (a ping, DNS, a game's or a call's small packets) is sparse whatever the queue.
+const SPARSE_GAP_NS: u64 = 10_000_000;
+
+/// Whether a packet of `flow` belongs to a sparse flow: the class has a queue, and the flow's
+/// previous packet left at least the queue's length ago, or [`SPARSE_GAP_NS`] if the queue
+/// is longer. Such a flow has nothing waiting and sends less than one packet per queueing
+/// delay; a bulk flow, whose packets wait in the queue, never qualifies; a new flow's first
+/// packet does (fq_codel treats new flows so).
+#[inline(always)]
+fn sparse(next: *mut u64, flow: u64, t0: u64, now: u64) -> bool {
+    // SAFETY: `next` points into a map value (caller).
+    let class_next = unsafe { core::ptr::read_volatile(next) };
+    if class_next <= t0 {
+        // No queue: the packet leaves at once anyway.
+        return false;
+    }
+    // SAFETY: value copied out at once.
+    let last = unsafe { FLOWS.get(&flow) }.copied().unwrap_or(0);
+    last.saturating_add((class_next - now).min(SPARSE_GAP_NS)) <= now
 }
 
 #[cfg(not(test))]

@@ -349,6 +349,13 @@ pub fn veth(a: &Netns, a_if: &str, a_addrs: &[&str], b: &Netns, b_if: &str, b_ad
 /// executables). `cargo test --workspace` and `cargo xtask test` build them.
 #[must_use]
 pub fn bin(name: &str) -> std::path::PathBuf {
+    // `cargo xtask test` runs the VM tests with release binaries (a gateway runs those, and a
+    // debug daemon's own CPU time under QEMU's emulation would blur the measurements).
+    if let Some(dir) = std::env::var_os(BIN_DIR_ENV) {
+        let path = std::path::Path::new(&dir).join(name);
+        assert!(path.is_file(), "{name} is missing in {BIN_DIR_ENV}={}", path.display());
+        return path;
+    }
     let exe = std::env::current_exe().expect("executable path");
     let dir = exe.parent().expect("executable in a folder");
     let candidates = [Some(dir), dir.parent()];
@@ -360,3 +367,6 @@ pub fn bin(name: &str) -> std::path::PathBuf {
         )
     })
 }
+
+/// Where [`bin`] finds the project's binaries when set.
+pub const BIN_DIR_ENV: &str = "SHAPER_BIN_DIR";

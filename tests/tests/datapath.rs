@@ -72,6 +72,44 @@ fn classifies_by_each_rule_kind() {
 }
 
 #[test]
+fn a_sparse_flow_leaves_ahead_of_a_backlogged_class() {
+    let mut dp = datapath(&[]);
+    // 1,000,000 bytes/s: a 1000-byte packet costs exactly 1 ms.
+    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 10 * SECOND, ..ClassConfig::default() })
+        .unwrap();
+    let packet = |sport| {
+        ipv4(
+            &Frame { payload: 1000 - 14 - 20 - 32, ..Frame::default() },
+            Ipv4Addr::LOCALHOST,
+            Ipv4Addr::LOCALHOST,
+            L4::Tcp { sport, dport: 80 },
+        )
+    };
+    // A bulk flow queues 20 ms of packets.
+    let bulk: Vec<u64> = (0..20).map(|_| run(&dp, &packet(1000), SkbCtx::default(), 1).ctx.tstamp).collect();
+    let queued_until = dp.class_state(DEFAULT).unwrap().next_ns;
+    assert_eq!(queued_until - bulk[0], 20_000_000);
+    // A packet of another flow, with nothing of its own waiting, leaves now rather than in
+    // 20 ms, and takes its 1 ms from the class clock all the same.
+    let before = monotonic_ns();
+    let sparse = run(&dp, &packet(2000), SkbCtx::default(), 1).ctx.tstamp;
+    let after = monotonic_ns();
+    assert!(
+        sparse >= before && sparse <= after,
+        "the sparse packet leaves at once: {sparse} not in [{before}, {after}]"
+    );
+    assert_eq!(dp.class_state(DEFAULT).unwrap().next_ns, queued_until + 1_000_000);
+    // Its next packet, right behind it, is no longer sparse: the flow just sent.
+    let second = run(&dp, &packet(2000), SkbCtx::default(), 1).ctx.tstamp;
+    assert_eq!(second, queued_until + 1_000_000);
+    // The bulk flow never is.
+    let more = run(&dp, &packet(1000), SkbCtx::default(), 1).ctx.tstamp;
+    assert_eq!(more, queued_until + 2_000_000);
+    let s = dp.class_stats(DEFAULT).unwrap();
+    assert_eq!((s.sparse_packets, s.packets), (1, 23));
+}
+
+#[test]
 fn replacing_the_rules_leaves_nothing_of_the_old_ones() {
     let host = |ip: &str, class| RuleSpec { src: Some(ip.parse().unwrap()), ..RuleSpec::new(0, class) };
     let a = [host("10.0.0.1/32", 1), RuleSpec { dport: Some((3000, 3999)), ..RuleSpec::new(1, 2) }];
@@ -386,6 +424,11 @@ fn codel_drops_or_marks_once_the_delay_stays_above_target_for_an_interval() {
     // IPv6: the ECN bits sit in the traffic class, across the first two bytes.
     std::thread::sleep(std::time::Duration::from_millis(3));
     let v6 = ipv6(&Frame { tos: 0b01, ..frame(0) }, Ipv6Addr::LOCALHOST, Ipv6Addr::LOCALHOST, &[], TCP);
+    // A new flow's first packet is a sparse flow's: it leaves ahead of the queue, unseen by
+    // CoDel. Its second one queues.
+    let first = run(&dp, &v6, ctx, 1);
+    assert_eq!((first.action, (first.data[15] >> 4) & 0b11), (TC_ACT_OK, 0b01));
+    assert_eq!(dp.class_stats(DEFAULT).unwrap().sparse_packets, 1);
     let r = run(&dp, &v6, ctx, 1);
     assert_eq!(r.action, TC_ACT_OK);
     assert_eq!((r.data[15] >> 4) & 0b11, 0b11, "CE in the IPv6 traffic class");

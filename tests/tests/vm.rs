@@ -543,6 +543,14 @@ fn latency_run(topo: &Topology) -> (f64, f64, f64) {
     (p99(&interactive), p99(&in_class), wire_rate(&intervals, 3.0, 13.0) / 1e6)
 }
 
+/// The bulk class's added-delay p99 over the last second, as shaperd reports it from the
+/// datapath's histogram (all its packets, the bulk flows' included), in ms.
+fn bulk_delay_p99(topo: &Topology) -> Option<f64> {
+    let classes = topo.status_now();
+    let bulk = classes.as_array().unwrap().iter().find(|c| c["name"] == "bulk").unwrap().clone();
+    bulk["p99_delay_us"].as_u64().map(|us| us as f64 / 1e3)
+}
+
 #[test]
 fn interactive_traffic_keeps_low_latency_while_bulk_saturates_the_link() {
     require_fq();
@@ -561,23 +569,39 @@ fn interactive_traffic_keeps_low_latency_while_bulk_saturates_the_link() {
     };
     let topo = roommates("shaper-vm-latency");
     let _daemon = topo.shaperd(LATENCY_CONFIG);
-    let ours = latency_run(&topo);
+    let sampler = std::thread::scope(|s| {
+        let sampling = s.spawn(|| {
+            // Once a second while the pings run (3 s to 11 s into the bulk transfer).
+            sleep(Duration::from_secs(4));
+            (0..7)
+                .filter_map(|_| {
+                    sleep(Duration::from_secs(1));
+                    bulk_delay_p99(&topo)
+                })
+                .collect::<Vec<f64>>()
+        });
+        let ours = latency_run(&topo);
+        (ours, sampling.join().unwrap())
+    });
+    let (ours, bulk_p99s) = sampler;
     let status = topo.status();
     let bulk = status["classes"].as_array().unwrap().iter().find(|c| c["name"] == "bulk").unwrap().clone();
     println!(
-        "  bulk class: {} ECN marks, {} AQM drops, {} horizon drops",
-        bulk["ecn_marks"], bulk["drops_aqm"], bulk["drops_horizon"]
+        "  bulk class: {} ECN marks, {} AQM drops, {} horizon drops, {} packets of sparse flows sent ahead",
+        bulk["ecn_marks"], bulk["drops_aqm"], bulk["drops_horizon"], bulk["sparse_packets"]
     );
     assert!(bulk["ecn_marks"].as_u64().unwrap() > 0, "CoDel marked ECN-capable packets: {bulk}");
     println!("ping RTT p99 under load (4 TCP flows, 20 ms base RTT, saturating 10 mbit/s):");
     println!("  plain FIFO at 10 mbit/s:        {:8.2} ms (bulk at {:.2} mbit/s)", fifo.0, fifo.2);
     println!("  shaper, interactive class:      {:8.2} ms (bulk at {:.2} mbit/s)", ours.0, ours.2);
-    println!("  shaper, inside the bulk class:  {:8.2} ms (CoDel, target 5 ms, interval 100 ms)", ours.1);
+    println!(
+        "  shaper, inside the bulk class:  {:8.2} ms (a sparse flow; CoDel, target 5 ms, interval 100 ms)",
+        ours.1
+    );
+    println!("  the bulk class's own packets: added delay p99 per second (histogram bucket bound) {bulk_p99s:?} ms");
     assert!(ours.0 < 10.0, "interactive p99 {} ms", ours.0);
-    // The bar for the delay inside a saturated class is 20 ms; measured here it is
-    // 18-27 ms (run to run), so this asserts what holds: CoDel keeps it two orders of
-    // magnitude below the FIFO's seconds.
-    assert!(ours.1 < 50.0 && ours.1 * 20.0 < fifo.0, "in-class p99 {} ms (FIFO {} ms)", ours.1, fifo.0);
+    assert!(ours.1 < 20.0, "in-class p99 {} ms (FIFO {} ms)", ours.1, fifo.0);
+    assert!(!bulk_p99s.is_empty(), "shaperd reported the class's delay percentile");
     assert!(ours.2 > 8.5, "the bulk class still gets its share: {} mbit/s", ours.2);
 }
 

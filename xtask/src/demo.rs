@@ -40,6 +40,14 @@ pub fn build_bins() -> anyhow::Result<()> {
     util::run(&mut cmd)
 }
 
+/// `cargo build --workspace --bins --release`; returns the folder of the binaries.
+pub fn build_release_bins() -> anyhow::Result<std::path::PathBuf> {
+    let mut cmd = util::command(util::cargo(), &["build", "--workspace", "--bins", "--release"]);
+    cmd.current_dir(util::workspace_root()).env("PATH", util::path_with_cargo_bin());
+    util::run(&mut cmd)?;
+    Ok(util::target_dir().join("release"))
+}
+
 /// Runs the demo.
 pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     setup::require_root("the demo (network namespaces, BPF, qdiscs)")?;

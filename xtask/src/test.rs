@@ -103,7 +103,9 @@ fn host_tests() -> anyhow::Result<()> {
 
 /// Builds the VM test binary on the host, runs it in the VM and checks it passed tests.
 fn vm_tests(timeout: Duration) -> anyhow::Result<()> {
-    crate::demo::build_bins()?;
+    // The daemon under test is the release build, as on a gateway: a debug build's own CPU
+    // time under QEMU's emulation would show in the latency and convergence figures.
+    let bins = crate::demo::build_release_bins()?;
     let exe = build_vm_tests()?;
     let root = util::workspace_root();
     let script = format!(
@@ -112,9 +114,11 @@ fn vm_tests(timeout: Duration) -> anyhow::Result<()> {
          mount -t bpf bpf /sys/fs/bpf 2>/dev/null\n\
          cd {root}\n\
          export SHAPER_IN_VM=1\n\
+         export SHAPER_BIN_DIR={bins}\n\
          exec {exe} --test-threads=1 --nocapture\n",
         root = util::shell_quote_path(&root)?,
         exe = util::shell_quote_path(&exe)?,
+        bins = util::shell_quote_path(&bins)?,
     );
     let rwdir = vm::vm_dir().join("test-run");
     println!("vm tests: running {} in the VM", exe.display());

@@ -269,13 +269,7 @@ async fn execute(args: Args) -> Result<(), Failure> {
         Command::Reload => change(socket, Request::Reload {}, None).await?,
         Command::Check { file } => {
             let config = Config::load(&file).map_err(|e| Failure::Other(chain(&e)))?;
-            println!(
-                "{}: ok ({} interfaces, {} classes, {} rules)",
-                config.path.display(),
-                config.interfaces.len(),
-                config.classes.len(),
-                config.rules.len()
-            );
+            println!("{}", config.summary());
         }
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Args::command(), "shaperctl", &mut std::io::stdout());

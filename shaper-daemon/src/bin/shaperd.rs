@@ -47,13 +47,7 @@ async fn main() -> anyhow::Result<ExitCode> {
     let args = Args::parse();
     let config = Config::load(&args.config)?;
     if args.check {
-        println!(
-            "{}: ok ({} interfaces, {} classes, {} rules)",
-            config.path.display(),
-            config.interfaces.len(),
-            config.classes.len(),
-            config.rules.len()
-        );
+        println!("{}", config.summary());
         return Ok(ExitCode::SUCCESS);
     }
     let socket = args.socket.or_else(|| config.daemon.socket.clone()).unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));

@@ -363,6 +363,19 @@ impl Config {
         Ok(config)
     }
 
+    /// One line saying the file is valid and what it holds (`shaperd --check`,
+    /// `shaperctl check`).
+    #[must_use]
+    pub fn summary(&self) -> String {
+        format!(
+            "{}: ok ({} interfaces, {} classes, {} rules)",
+            self.path.display(),
+            self.interfaces.len(),
+            self.classes.len(),
+            self.rules.len()
+        )
+    }
+
     /// The class called `name`.
     #[must_use]
     pub fn class(&self, name: &str) -> Option<&Class> {
