@@ -38,7 +38,8 @@
 //! kind `bad-request` and the connection is closed.
 //!
 //! The server takes at most [`MAX_CONNECTIONS`] connections at once and gives each request
-//! [`REQUEST_TIMEOUT`]; the socket is created with mode 0660.
+//! [`REQUEST_TIMEOUT`]; the socket is created with mode 0660, group [`SOCKET_GROUP`] when that
+//! group exists.
 
 use std::{
     fmt,
@@ -63,6 +64,9 @@ use crate::rate::Rate;
 pub const DEFAULT_SOCKET: &str = "/run/shaper/shaper.sock";
 /// Environment variable that overrides the socket path for `shaperctl`.
 pub const SOCKET_ENV: &str = "SHAPER_SOCKET";
+/// The group that may use the socket, when it exists (the socket is then `root:shaper`,
+/// mode 0660; see contrib/shaper.sysusers.conf).
+pub const SOCKET_GROUP: &str = "shaper";
 /// Longest request line accepted.
 pub const MAX_LINE: usize = 64 * 1024;
 /// Connections served at once; more wait for a free place.
@@ -209,6 +213,16 @@ pub enum SocketError {
     },
 }
 
+/// The id of group `name`, if it exists.
+fn group_id(name: &str) -> Option<u32> {
+    let name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: getgrnam(3) with a valid C string; the result is read at once (shaperd looks
+    // groups up from one task only).
+    let group = unsafe { libc::getgrnam(name.as_ptr()) };
+    // SAFETY: a non-null result points to a valid group entry.
+    (!group.is_null()).then(|| unsafe { (*group).gr_gid })
+}
+
 /// A bound control socket; the file is removed on drop.
 pub struct Server {
     listener: UnixListener,
@@ -236,6 +250,10 @@ impl Server {
             UnixListener::bind(path).map_err(|source| SocketError::Bind { path: path.to_owned(), source })?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
             .map_err(|source| SocketError::Bind { path: path.to_owned(), source })?;
+        if let Some(gid) = group_id(SOCKET_GROUP) {
+            std::os::unix::fs::chown(path, None, Some(gid))
+                .map_err(|source| SocketError::Bind { path: path.to_owned(), source })?;
+        }
         Ok(Self { listener, path: path.to_owned() })
     }
 
@@ -392,8 +410,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run/shaper.sock");
         let server = Server::bind(&path).await.unwrap();
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o660);
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+        if let Some(gid) = group_id(SOCKET_GROUP) {
+            assert_eq!(std::os::unix::fs::MetadataExt::gid(&meta), gid, "the socket belongs to group shaper");
+        }
         assert!(matches!(Server::bind(&path).await, Err(SocketError::InUse { .. })));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let serving = tokio::spawn(async move {
