@@ -186,30 +186,25 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) ->
 
     // SAFETY: the helper only reads (and caches) the skb's flow hash.
     let flow = (u64::from(class) << 32) | u64::from(unsafe { bpf_get_hash_recalc(skb) });
-    if segs == 1 && sparse(next, flow, t0, now) {
+    // One lookup serves both the sparse test and the update after pacing. The value may be
+    // recycled for another flow by the LRU meanwhile; the map's memory stays valid, and the
+    // worst outcome is one flow's time written for another, which only steers the heuristic.
+    let flow_slot = FLOWS.get_ptr_mut(&flow);
+    // SAFETY: a valid map value pointer, read once.
+    let flow_last = flow_slot.map_or(0, |p| unsafe { core::ptr::read_volatile(p) });
+    let sent = Sent { skb, flow, flow_slot, tstamp, now, bytes, segs };
+    if segs == 1 && sparse(next, flow_last, t0, now) {
         // A sparse flow leaves at once, as fq_codel serves new flows first; its slot is still
         // taken from the class clock, so the class keeps to its rate. CoDel does not see it:
         // its delay says nothing about the class's queue.
         let cost = bytes * 1_000_000_000 / config.rate_bytes;
         // SAFETY: as for `pace`.
         unsafe { edt::fetch_add(next, cost) };
-        let _ = FLOWS.insert(&flow, &t0, 0);
         stats.sparse_packets += 1;
-        stats.bytes += bytes;
-        stats.packets += 1;
-        if let Some(b) = stats.delay_hist.get_mut(delay_bucket(t0 - now)) {
-            *b += 1;
-        }
-        if t0 != tstamp {
-            // SAFETY: as below.
-            unsafe { (*skb).tstamp = t0 };
-        }
-        return TC_ACT_OK;
+        return sent.record(stats, t0);
     }
     // SAFETY: `state` points into an array map value that lives as long as the map.
-    let verdict = unsafe {
-        edt::pace(core::ptr::addr_of_mut!((*state).next_ns), bytes, config.rate_bytes, t0, now, config.horizon_ns)
-    };
+    let verdict = unsafe { edt::pace(next, bytes, config.rate_bytes, t0, now, config.horizon_ns) };
     match verdict {
         edt::Verdict::Send { depart, delay, cost } => {
             if config.codel_target_ns != 0 {
@@ -227,22 +222,7 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) ->
                     }
                 }
             }
-            if delay > 0 {
-                stats.delayed_packets += segs;
-                stats.delay_ns_total += delay;
-            }
-            if let Some(b) = stats.delay_hist.get_mut(delay_bucket(delay)) {
-                *b += segs;
-            }
-            stats.bytes += bytes;
-            stats.packets += segs;
-            let _ = FLOWS.insert(&flow, &depart, 0);
-            if depart != tstamp {
-                // SAFETY: writing tstamp is allowed at tc egress; a write there marks the
-                // skb's timestamp as a mono delivery time (bpf_convert_tstamp_write()).
-                unsafe { (*skb).tstamp = depart };
-            }
-            TC_ACT_OK
+            sent.record(stats, depart)
         }
         edt::Verdict::Horizon => {
             stats.drop_horizon_packets += segs;
@@ -252,25 +232,65 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) ->
     }
 }
 
+/// A packet that leaves: what recording its departure needs.
+struct Sent {
+    skb: *mut aya_ebpf::bindings::__sk_buff,
+    flow: u64,
+    flow_slot: Option<*mut u64>,
+    /// The skb's timestamp as it came.
+    tstamp: u64,
+    now: u64,
+    bytes: u64,
+    segs: u64,
+}
+
+impl Sent {
+    /// Counts the packet, remembers its flow's departure and sets its departure time.
+    #[inline(always)]
+    fn record(&self, stats: &mut ClassStats, depart: u64) -> i32 {
+        let delay = depart - self.now;
+        if delay > 0 {
+            stats.delayed_packets += self.segs;
+            stats.delay_ns_total += delay;
+        }
+        if let Some(b) = stats.delay_hist.get_mut(delay_bucket(delay)) {
+            *b += self.segs;
+        }
+        stats.bytes += self.bytes;
+        stats.packets += self.segs;
+        match self.flow_slot {
+            // SAFETY: a valid map value pointer (see `shape`).
+            Some(p) => unsafe { core::ptr::write_volatile(p, depart) },
+            None => {
+                let _ = FLOWS.insert(&self.flow, &depart, 0);
+            }
+        }
+        if depart != self.tstamp {
+            // SAFETY: writing tstamp is allowed at tc egress; a write there marks the skb's
+            // timestamp as a mono delivery time (bpf_convert_tstamp_write()).
+            unsafe { (*self.skb).tstamp = depart };
+        }
+        TC_ACT_OK
+    }
+}
+
 /// The longest gap that makes a flow sparse: a flow that sends less than one packet per
 /// 10 ms (a ping, DNS, a game's or a call's small packets) is sparse whatever the queue.
 const SPARSE_GAP_NS: u64 = 10_000_000;
 
-/// Whether a packet of `flow` belongs to a sparse flow: the class has a queue, and the flow's
-/// previous packet left at least the queue's length ago, or [`SPARSE_GAP_NS`] if the queue
+/// Whether a packet belongs to a sparse flow: the class has a queue, and the flow's previous
+/// packet (which left at `last`, 0 for a new flow) left at least the queue's length ago, or [`SPARSE_GAP_NS`] if the queue
 /// is longer. Such a flow has nothing waiting and sends less than one packet per queueing
 /// delay; a bulk flow, whose packets wait in the queue, never qualifies; a new flow's first
 /// packet does (fq_codel treats new flows so).
 #[inline(always)]
-fn sparse(next: *mut u64, flow: u64, t0: u64, now: u64) -> bool {
+fn sparse(next: *mut u64, last: u64, t0: u64, now: u64) -> bool {
     // SAFETY: `next` points into a map value (caller).
     let class_next = unsafe { core::ptr::read_volatile(next) };
     if class_next <= t0 {
         // No queue: the packet leaves at once anyway.
         return false;
     }
-    // SAFETY: value copied out at once.
-    let last = unsafe { FLOWS.get(&flow) }.copied().unwrap_or(0);
     last.saturating_add((class_next - now).min(SPARSE_GAP_NS)) <= now
 }
 
