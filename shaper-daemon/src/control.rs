@@ -19,8 +19,17 @@ use std::{collections::VecDeque, time::Duration, time::Instant};
 #[derive(Debug, Clone)]
 pub struct Meter {
     window: Duration,
-    /// (time, cumulative offered bytes, queued at that time), oldest first.
-    samples: VecDeque<(Instant, u64, bool)>,
+    /// (time, (cumulative offered bytes, queued at that time)), oldest first.
+    samples: VecDeque<(Instant, (u64, bool))>,
+}
+
+/// Appends `sample`, taken at `now`, to a time series and forgets what is older than
+/// `window`, keeping the newest sample at or before the window's start: it marks the start.
+pub fn slide<T>(samples: &mut VecDeque<(Instant, T)>, now: Instant, sample: T, window: Duration) {
+    samples.push_back((now, sample));
+    while samples.len() > 2 && samples.get(1).is_some_and(|s| now.duration_since(s.0) >= window) {
+        samples.pop_front();
+    }
 }
 
 /// What a [`Meter`] read over its window.
@@ -46,19 +55,16 @@ impl Meter {
     /// the offered rate over the window (or over what history there is) and how often the
     /// class had a queue.
     pub fn update(&mut self, now: Instant, total_bytes: u64, queued: bool) -> Reading {
-        self.samples.push_back((now, total_bytes, queued));
-        while self.samples.len() > 2 && self.samples.get(1).is_some_and(|s| now.duration_since(s.0) >= self.window) {
-            self.samples.pop_front();
-        }
-        let (t0, b0, _) = self.samples[0];
+        slide(&mut self.samples, now, (total_bytes, queued), self.window);
+        let (t0, (b0, _)) = self.samples[0];
         let dt = now.duration_since(t0).as_nanos();
         let bits = u128::from(total_bytes.saturating_sub(b0)) * 8;
         let rate = (bits * 1_000_000_000).checked_div(dt).map_or(0, |r| u64::try_from(r).unwrap_or(u64::MAX));
         // The oldest sample only marks the window's start.
         let recent = self.samples.iter().skip(1);
         let samples = u32::try_from(recent.clone().count()).unwrap_or(u32::MAX);
-        let queued = u32::try_from(recent.filter(|s| s.2).count()).unwrap_or(u32::MAX);
-        let queued_streak = u32::try_from(self.samples.iter().rev().take_while(|s| s.2).count()).unwrap_or(u32::MAX);
+        let queued = u32::try_from(recent.filter(|s| s.1 .1).count()).unwrap_or(u32::MAX);
+        let queued_streak = u32::try_from(self.samples.iter().rev().take_while(|s| s.1 .1).count()).unwrap_or(u32::MAX);
         Reading { rate, queued_permille: (queued * 1000).checked_div(samples).unwrap_or(0), samples, queued_streak }
     }
 }

@@ -30,6 +30,7 @@ use crate::{
     rate::Rate,
     rules::{self, CompileError, RuleSpec},
     tree::Tree,
+    ErrorChain,
 };
 
 /// How far back the demand of a class is measured: long enough to tell a queue that lasts
@@ -97,10 +98,7 @@ impl ClassEntry {
 
     /// Records the class's delay histogram, keeping one second of history.
     fn record_delays(&mut self, now: Instant, hist: [u64; DELAY_BUCKETS]) {
-        self.delays.push_back((now, hist));
-        while self.delays.len() > 2 && self.delays.get(1).is_some_and(|d| now.duration_since(d.0) >= DELAY_WINDOW) {
-            self.delays.pop_front();
-        }
+        control::slide(&mut self.delays, now, hist, DELAY_WINDOW);
     }
 
     /// The 99th percentile of the added delay over the recorded window, as the upper bound of
@@ -310,9 +308,9 @@ pub struct Options {
 
 impl Options {
     /// What the next shaperd needs to take the pinned maps over ([`Handover`]), kept beside
-    /// the socket.
-    fn handover_file(&self) -> PathBuf {
-        self.socket.with_file_name("shaperd.handover.json")
+    /// the socket; none when nothing is pinned.
+    fn handover_file(&self) -> Option<PathBuf> {
+        self.pin_dir.as_ref().map(|_| self.socket.with_file_name("shaperd.handover.json"))
     }
 }
 
@@ -342,8 +340,9 @@ pub async fn run(
             .ok_or_else(|| DaemonError::NoInterface { name: iface.name.clone(), path: config.path.clone() })?;
         ifindexes.push(index);
     }
+    // Compiled before the kernel is touched, so that rules it cannot hold are refused first.
     let fresh_ids = assign_ids(&config, &[]).expect("validated: at most MAX_CLASSES classes");
-    rules::compile(&rule_specs(&config, &fresh_ids))
+    let compiled = rules::compile(&rule_specs(&config, &fresh_ids))
         .map_err(|source| DaemonError::Rules { path: config.path.clone(), source })?;
     let (mut datapath, adopted) = match &options.pin_dir {
         Some(root) => Datapath::load_pinned(root)?,
@@ -353,7 +352,8 @@ pub async fn run(
         info!(pins = %options.pin_dir.as_deref().unwrap_or(Path::new("")).display(), "taking over the maps an earlier shaperd left");
     }
     let mut guards: Vec<FqGuard> = Vec::new();
-    let started = start(&config, &options, &mut datapath, adopted, &ifindexes, &mut guards).await;
+    let fresh = (fresh_ids, compiled);
+    let started = start(&config, &options, &mut datapath, adopted, &ifindexes, fresh, &mut guards).await;
     let Started { classes, server, metrics_listener } = match started {
         Ok(s) => s,
         Err(e) => {
@@ -440,22 +440,30 @@ pub enum Exit {
 }
 
 /// Sets everything up: `fq` on each interface, the classes, the rules, the attachments, the
-/// control socket and the metrics listener. With `adopted` maps, the class ids and rates an
-/// earlier shaperd used carry on.
+/// control socket and the metrics listener. `fresh` is the class ids in file order and the
+/// rules compiled with them; with `adopted` maps, the class ids and rates an earlier shaperd
+/// used carry on instead (and the rules are compiled again only if its ids differ).
 async fn start(
     config: &Config,
     options: &Options,
     datapath: &mut Datapath,
     adopted: bool,
     ifindexes: &[u32],
+    fresh: (Vec<u32>, rules::Compiled),
     guards: &mut Vec<FqGuard>,
 ) -> Result<Started, DaemonError> {
-    let handover = if adopted { Handover::read(&options.handover_file()) } else { Handover::default() };
+    let handover = match options.handover_file() {
+        Some(path) if adopted => Handover::read(&path),
+        _ => Handover::default(),
+    };
     datapath.assume_bank_ports(handover.bank_ports);
     let previous: Vec<(&str, u32)> = handover.classes.iter().map(|(n, id)| (n.as_str(), *id)).collect();
     let ids = assign_ids(config, &previous).expect("validated: at most MAX_CLASSES classes");
-    let compiled = rules::compile(&rule_specs(config, &ids))
-        .map_err(|source| DaemonError::Rules { path: config.path.clone(), source })?;
+    let (fresh_ids, mut compiled) = fresh;
+    if ids != fresh_ids {
+        compiled = rules::compile(&rule_specs(config, &ids))
+            .map_err(|source| DaemonError::Rules { path: config.path.clone(), source })?;
+    }
     for iface in &config.interfaces {
         guards.push(qdisc::ensure_fq(&iface.name, iface.replace_qdisc, fq_limits(config, &iface.name)).await?);
     }
@@ -479,7 +487,9 @@ async fn start(
         let (mode, took_over) = datapath.attach(&iface.name)?;
         info!(interface = %iface.name, ?mode, took_over, "attached at egress");
     }
-    Handover::write(&options.handover_file(), config, &ids, datapath);
+    if let Some(path) = options.handover_file() {
+        Handover::write(&path, config, &ids, datapath);
+    }
     let server = Server::bind(&options.socket).await?;
     let metrics_listener = match config.daemon.metrics_listen {
         Some(addr) => {
@@ -615,7 +625,9 @@ async fn teardown(datapath: &mut Datapath, guards: Vec<FqGuard>, options: &Optio
     if let Err(e) = datapath.unpin_maps() {
         warn!(error = %e, "removing the pins");
     }
-    let _ = std::fs::remove_file(options.handover_file());
+    if let Some(path) = options.handover_file() {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 impl State {
@@ -793,15 +805,18 @@ impl State {
         // Classes that no longer carry traffic: unpaced and zeroed, so that a class that takes
         // the id later starts from nothing.
         for (class, entry) in self.config.classes.iter().zip(&self.classes) {
-            if entry.leaf && !new.is_leaf(&class.name) || new.class(&class.name).is_none() {
+            let gone = new.class(&class.name).is_none();
+            if gone || entry.leaf && !new.is_leaf(&class.name) {
                 self.datapath.set_class(entry.id, ClassConfig::default()).map_err(internal)?;
             }
-            if new.class(&class.name).is_none() {
+            if gone {
                 self.datapath.reset_class(entry.id).map_err(internal)?;
             }
         }
         let changes = describe_changes(&self.config, &new);
-        Handover::write(&self.options.handover_file(), &new, &ids, &self.datapath);
+        if let Some(path) = self.options.handover_file() {
+            Handover::write(&path, &new, &ids, &self.datapath);
+        }
         self.config = new;
         self.classes = entries;
         self.trees = trees(&self.config);
@@ -825,21 +840,6 @@ fn edit_error(e: &EditError) -> ApiError {
             ApiError::InvalidRate { message }
         }
         _ => ApiError::InvalidConfig { message },
-    }
-}
-
-/// Displays an error with its sources, `: `-separated.
-struct ErrorChain<'a>(&'a dyn std::error::Error);
-
-impl std::fmt::Display for ErrorChain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(s) = source {
-            write!(f, ": {s}")?;
-            source = s.source();
-        }
-        Ok(())
     }
 }
 

@@ -20,3 +20,19 @@ pub mod qdisc;
 pub mod rate;
 pub mod rules;
 pub mod tree;
+
+/// Displays an error with its sources, `: `-separated (for one-line messages: API replies,
+/// `shaperctl` errors).
+pub struct ErrorChain<'a>(pub &'a dyn std::error::Error);
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(s) = source {
+            write!(f, ": {s}")?;
+            source = s.source();
+        }
+        Ok(())
+    }
+}

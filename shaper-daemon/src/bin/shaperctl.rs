@@ -15,6 +15,7 @@ use shaper::{
         Config,
     },
     rate::Rate,
+    ErrorChain,
 };
 
 /// Runtime control of shaperd.
@@ -200,7 +201,7 @@ async fn save(socket: &Path, class: &str, key: ClassKey, value: &NewValue) -> Re
         return Err(Failure::Other("shaperd answered status with something else".into()));
     };
     edit::save_class_key(&status.config, class, key, value)
-        .map_err(|e| Failure::Other(format!("the change is applied but was not saved: {}", chain(&e))))?;
+        .map_err(|e| Failure::Other(format!("the change is applied but was not saved: {}", ErrorChain(&e))))?;
     println!("saved to {}", status.config.display());
     Ok(())
 }
@@ -268,7 +269,7 @@ async fn execute(args: Args) -> Result<(), Failure> {
         }
         Command::Reload => change(socket, Request::Reload {}, None).await?,
         Command::Check { file } => {
-            let config = Config::load(&file).map_err(|e| Failure::Other(chain(&e)))?;
+            let config = Config::load(&file).map_err(|e| Failure::Other(ErrorChain(&e).to_string()))?;
             println!("{}", config.summary());
         }
         Command::Completions { shell } => {
@@ -281,17 +282,6 @@ async fn execute(args: Args) -> Result<(), Failure> {
         }
     }
     Ok(())
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 #[tokio::main(flavor = "current_thread")]
