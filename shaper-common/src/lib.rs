@@ -29,6 +29,16 @@ pub const PORT_SLOTS: u32 = 65536;
 /// seen flow is forgotten first).
 pub const FLOW_SLOTS: u32 = 65536;
 
+/// A sparse flow's packets may use at most `1 / SPARSE_SHARE` of their class's rate ahead of
+/// the class's queue (a budget kept by `ClassState::sparse_next_ns`); the rest wait in the queue.
+pub const SPARSE_SHARE: u64 = 16;
+/// A sparse packet leaves ahead of its class's queue only while that queue is at most this
+/// many full-size frames long at the class's rate. With [`SPARSE_SHARE`], this bounds what
+/// sparse packets can add to the class's rate over any window to half a frame.
+pub const SPARSE_MAX_QUEUE_FRAMES: u64 = 8;
+/// A full-size Ethernet frame (1500-byte MTU plus the 14-byte header), in bytes.
+pub const FULL_FRAME: u64 = 1514;
+
 /// Buckets of the per-class added-delay histogram.
 pub const DELAY_BUCKETS: usize = 16;
 /// The smallest bucket's upper bound (ns); bucket `i < DELAY_BUCKETS - 1` counts packets whose
@@ -51,7 +61,7 @@ pub fn delay_bucket(delay_ns: u64) -> usize {
 /// The version of the maps' layout (their key and value types and sizes). Pinned maps live in
 /// a directory named after it, so a shaperd whose maps differ never opens the pins of another:
 /// bump it whenever a map definition or a struct in this file changes.
-pub const MAP_LAYOUT_VERSION: u32 = 2;
+pub const MAP_LAYOUT_VERSION: u32 = 3;
 
 /// Map names, as they appear in the object file.
 pub mod maps {
@@ -65,9 +75,21 @@ pub mod maps {
     pub const CLASS_STATS: &str = "CLASS_STATS";
     pub const GLOBALS: &str = "GLOBALS";
     pub const FLOWS: &str = "FLOWS";
+    pub const LINK_STATE: &str = "LINK_STATE";
     /// Every map, for pinning.
-    pub const ALL: [&str; 10] =
-        [IFACES, TUPLES, RULES, SPORT_IDS, DPORT_IDS, CLASS_CONFIG, CLASS_STATE, CLASS_STATS, GLOBALS, FLOWS];
+    pub const ALL: [&str; 11] = [
+        IFACES,
+        TUPLES,
+        RULES,
+        SPORT_IDS,
+        DPORT_IDS,
+        CLASS_CONFIG,
+        CLASS_STATE,
+        CLASS_STATS,
+        GLOBALS,
+        FLOWS,
+        LINK_STATE,
+    ];
 }
 
 /// Name of the tc program in the object file.
@@ -93,6 +115,20 @@ pub struct IfaceConfig {
     /// May be negative, as with tc's `overhead`, to subtract headers the link does not carry.
     pub overhead: i32,
     pub flags: u32,
+    /// The link's rate in bytes per second: every packet also takes a slot on the interface's
+    /// link clock (`LINK_STATE`), so that the classes together never send faster than the
+    /// link, even while the daemon's allocation lags behind a class that starts sending.
+    /// 0: no link clock.
+    pub link_rate_bytes: u64,
+}
+
+/// Per-interface pacing state (`LINK_STATE`, indexed by interface slot).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkState {
+    /// The link clock: when the bytes admitted so far will have left at the link's rate
+    /// (`CLOCK_MONOTONIC` ns).
+    pub next_ns: u64,
 }
 
 /// Number of tuples in use, and other global knobs; one entry in `GLOBALS`.
@@ -189,6 +225,10 @@ pub struct ClassState {
     pub count: u64,
     /// CoDel: 1 while in the dropping state.
     pub dropping: u64,
+    /// The sparse-flow budget's clock: a sparse packet may leave ahead of the class's queue
+    /// only when this is not ahead of now; each one moves it by
+    /// [`SPARSE_SHARE`] times its cost at the class's rate.
+    pub sparse_next_ns: u64,
 }
 
 /// Per-class, per-CPU counters (`CLASS_STATS`, a per-CPU array indexed by class id).
@@ -214,6 +254,12 @@ pub struct ClassStats {
     pub delay_hist: [u64; DELAY_BUCKETS],
     /// Packets of sparse flows sent ahead of the class's queue (see the datapath's `sparse`).
     pub sparse_packets: u64,
+    /// Packets (segments) that found the class's clock idle (at or behind their earliest
+    /// departure): the class had no queue. A class that sends and never finds its clock idle
+    /// is held back by its rate (the daemon's demand estimator reads this).
+    pub idle_packets: u64,
+    /// Packets (segments) held back by the link clock rather than by their class's.
+    pub link_delayed_packets: u64,
 }
 
 impl ClassStats {
@@ -234,24 +280,28 @@ impl ClassStats {
             *a += b;
         }
         self.sparse_packets += o.sparse_packets;
+        self.idle_packets += o.idle_packets;
+        self.link_delayed_packets += o.link_delayed_packets;
         self
     }
 }
 
-const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 16);
+const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 24);
+const _: () = assert!(core::mem::size_of::<LinkState>() == 8);
 const _: () = assert!(core::mem::size_of::<Globals>() == 8);
 const _: () = assert!(core::mem::size_of::<RuleKey>() == RULE_KEY_WORDS * 8);
 const _: () = assert!(core::mem::size_of::<Tuple>() == 56);
 const _: () = assert!(core::mem::size_of::<RuleTarget>() == 8);
 const _: () = assert!(core::mem::size_of::<ClassConfig>() == 32);
-const _: () = assert!(core::mem::size_of::<ClassState>() == 40);
-const _: () = assert!(core::mem::size_of::<ClassStats>() == 88 + 8 * DELAY_BUCKETS);
+const _: () = assert!(core::mem::size_of::<ClassState>() == 48);
+const _: () = assert!(core::mem::size_of::<ClassStats>() == 104 + 8 * DELAY_BUCKETS);
 
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: all of these are `#[repr(C)]`, made only of integers, with explicit padding,
     // so every bit pattern is valid and there are no uninitialised bytes.
     unsafe impl aya::Pod for super::IfaceConfig {}
+    unsafe impl aya::Pod for super::LinkState {}
     unsafe impl aya::Pod for super::Globals {}
     unsafe impl aya::Pod for super::RuleKey {}
     unsafe impl aya::Pod for super::Tuple {}

@@ -24,7 +24,7 @@ use crate::{
         edit::{self, ClassKey, EditError, NewValue},
         Class, Config,
     },
-    control::{self, Meter, Observation},
+    demand::{self, Counters, Estimator, Observation},
     metrics::{self, ClassSample, Metrics, Snapshot},
     qdisc::{self, FqGuard, QdiscError},
     rate::Rate,
@@ -33,13 +33,8 @@ use crate::{
     ErrorChain,
 };
 
-/// How far back the demand of a class is measured: long enough to tell a queue that lasts
-/// from a burst that drains (an application's 128 KB write takes 200 ms at 5 mbit/s), short
-/// enough that an idle class gives its share back within the 300 ms the shares must settle
-/// in.
-const METER_WINDOW: Duration = Duration::from_millis(200);
 /// The window of the added-delay percentile that `status` reports.
-const DELAY_WINDOW: Duration = Duration::from_secs(1);
+const DELAY_WINDOW_NS: u64 = 1_000_000_000;
 
 /// Why the daemon could not start (or stop cleanly).
 #[derive(Debug, thiserror::Error)]
@@ -76,11 +71,14 @@ struct ClassEntry {
     current: Rate,
     /// The allocator's last share for the class (inner classes: their children's sum).
     allocated: Rate,
-    meter: Meter,
-    /// The offered rate the meter last read.
+    estimator: Estimator,
+    /// The offered rate the estimator last read.
     throughput: Rate,
-    /// Delay histograms over the last second, oldest first, for the p99 in `status`.
-    delays: VecDeque<(Instant, [u64; DELAY_BUCKETS])>,
+    /// Whether the estimator found the class limited by its pacing rate at the last tick.
+    limited: bool,
+    /// Delay histograms over the last second (`CLOCK_MONOTONIC` ns), oldest first, for the
+    /// p99 in `status`.
+    delays: VecDeque<(u64, [u64; DELAY_BUCKETS])>,
 }
 
 impl ClassEntry {
@@ -90,15 +88,16 @@ impl ClassEntry {
             leaf,
             current: if leaf { rate } else { Rate::ZERO },
             allocated: Rate::ZERO,
-            meter: Meter::new(METER_WINDOW),
+            estimator: Estimator::new(),
             throughput: Rate::ZERO,
+            limited: false,
             delays: VecDeque::new(),
         }
     }
 
     /// Records the class's delay histogram, keeping one second of history.
-    fn record_delays(&mut self, now: Instant, hist: [u64; DELAY_BUCKETS]) {
-        control::slide(&mut self.delays, now, hist, DELAY_WINDOW);
+    fn record_delays(&mut self, now_ns: u64, hist: [u64; DELAY_BUCKETS]) {
+        demand::slide(&mut self.delays, now_ns, hist, DELAY_WINDOW_NS);
     }
 
     /// The 99th percentile of the added delay over the recorded window, as the upper bound of
@@ -574,6 +573,7 @@ fn set_ifaces(datapath: &mut Datapath, config: &Config, ifindexes: &[u32], ids: 
                 default_class: ids[default],
                 overhead: iface.overhead,
                 flags,
+                link_rate_bytes: iface.rate.bits_per_sec() / 8,
             },
         )?;
     }
@@ -594,7 +594,7 @@ async fn control_loop(shared: Arc<Shared>, tick: Duration, mut stopped: watch::R
             _ = interval.tick() => {
                 let mut state = shared.state.lock().await;
                 let started = Instant::now();
-                if let Err(e) = state.control_tick(started) {
+                if let Err(e) = state.control_tick() {
                     warn!(error = %e, "control tick");
                 }
                 shared.metrics.observe_tick(started.elapsed());
@@ -632,7 +632,7 @@ async fn teardown(datapath: &mut Datapath, guards: Vec<FqGuard>, options: &Optio
 
 impl State {
     /// One round of the control loop.
-    fn control_tick(&mut self, now: Instant) -> Result<(), BpfError> {
+    fn control_tick(&mut self) -> Result<(), BpfError> {
         let mono = monotonic_ns();
         for t in &self.trees {
             let mut demand = vec![0u64; t.tree.nodes.len()];
@@ -644,20 +644,20 @@ impl State {
                 }
                 let stats = self.datapath.class_stats(entry.id)?;
                 let clock = self.datapath.class_state(entry.id)?.next_ns;
-                let offered = stats.bytes + stats.drop_horizon_bytes + stats.drop_aqm_bytes;
-                let pacing = entry.current.bits_per_sec();
-                let queued = control::queued(clock.saturating_sub(mono), pacing);
-                let r = entry.meter.update(now, offered, queued);
-                entry.throughput = Rate::from_bits_per_sec(r.rate);
-                entry.record_delays(now, stats.delay_hist);
-                let o = Observation {
-                    offered: r.rate,
-                    queued_permille: r.queued_permille,
-                    samples: r.samples,
-                    queued_streak: r.queued_streak,
-                    pacing,
-                };
-                demand[node] = control::demand(&o);
+                let estimate = entry.estimator.update(&Observation {
+                    now_ns: mono,
+                    counters: Counters {
+                        offered_bytes: stats.bytes + stats.drop_horizon_bytes + stats.drop_aqm_bytes,
+                        packets: stats.packets,
+                        idle_packets: stats.idle_packets,
+                    },
+                    backlog_ns: clock.saturating_sub(mono),
+                    pacing: entry.current.bits_per_sec(),
+                });
+                entry.throughput = Rate::from_bits_per_sec(estimate.offered);
+                entry.limited = estimate.limited;
+                entry.record_delays(mono, stats.delay_hist);
+                demand[node] = estimate.demand;
             }
             let alloc = t.tree.allocate(&demand);
             for (node, class) in t.classes.iter().enumerate() {
@@ -668,7 +668,7 @@ impl State {
                     continue;
                 }
                 let spec = &self.config.classes[c];
-                let pacing = Rate::from_bits_per_sec(control::pacing_rate(alloc[node], spec.rate.bits_per_sec()));
+                let pacing = Rate::from_bits_per_sec(demand::pacing_rate(alloc[node], spec.rate.bits_per_sec()));
                 if pacing != entry.current {
                     self.datapath.set_class(entry.id, class_config(spec, pacing))?;
                     debug!(class = %spec.name, from = %entry.current, to = %pacing, "rate");
@@ -821,7 +821,7 @@ impl State {
         self.classes = entries;
         self.trees = trees(&self.config);
         self.generation += 1;
-        self.control_tick(Instant::now()).map_err(internal)?;
+        self.control_tick().map_err(internal)?;
         for change in &changes {
             info!(generation = self.generation, %change, "applied");
         }

@@ -13,8 +13,8 @@
 pub mod api;
 pub mod bpf;
 pub mod config;
-pub mod control;
 pub mod daemon;
+pub mod demand;
 pub mod metrics;
 pub mod qdisc;
 pub mod rate;

@@ -28,9 +28,9 @@ pub unsafe fn fetch_add(dst: *mut u64, v: u64) -> u64 {
 
 /// Outcome of pacing one packet.
 pub enum Verdict {
-    /// Leave at this time (CLOCK_MONOTONIC ns); `delay` = departure − now; `cost` is the
-    /// packet's slot on the class clock (see [`give_back`]).
-    Send { depart: u64, delay: u64, cost: u64 },
+    /// Leave at this time (CLOCK_MONOTONIC ns); `cost` is the packet's slot on the clock
+    /// (see [`give_back`]); `idle`: the clock was at or behind `t0` (no queue).
+    Send { depart: u64, cost: u64, idle: bool },
     /// The departure would be later than the horizon.
     Horizon,
 }
@@ -47,6 +47,16 @@ const CAS_ATTEMPTS: usize = 4;
 #[inline(always)]
 pub unsafe fn pace(next: *mut u64, wire_len: u64, rate: u64, t0: u64, now: u64, horizon: u64) -> Verdict {
     let cost = wire_len * 1_000_000_000 / rate;
+    // SAFETY: forwarded to the caller.
+    unsafe { take_slot(next, cost, t0, now, horizon) }
+}
+
+/// Takes a slot of `cost` ns on the clock at `next`, no earlier than `t0`; see [`pace`].
+///
+/// # Safety
+/// As for [`pace`].
+#[inline(always)]
+pub unsafe fn take_slot(next: *mut u64, cost: u64, t0: u64, now: u64, horizon: u64) -> Verdict {
     for _ in 0..CAS_ATTEMPTS {
         // SAFETY: `next` is valid (caller) and 8-byte aligned (map value of u64 fields).
         let last = unsafe { core::ptr::read_volatile(next) };
@@ -60,7 +70,7 @@ pub unsafe fn pace(next: *mut u64, wire_len: u64, rate: u64, t0: u64, now: u64, 
         // SAFETY: as above.
         let swapped = unsafe { cas(next, last, t0 + cost) };
         if swapped {
-            return Verdict::Send { depart: t0, delay: t0 - now, cost };
+            return Verdict::Send { depart: t0, cost, idle: true };
         }
     }
     // Backlogged: take the next slot. The clock only ever moves forward, so `old` is at least
@@ -74,7 +84,7 @@ pub unsafe fn pace(next: *mut u64, wire_len: u64, rate: u64, t0: u64, now: u64, 
         unsafe { give_back(next, cost) };
         return Verdict::Horizon;
     }
-    Verdict::Send { depart, delay: depart - now, cost }
+    Verdict::Send { depart, cost, idle: old <= t0 }
 }
 
 /// Returns a packet's slot to the class clock, for a packet that is dropped after all.

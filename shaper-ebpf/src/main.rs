@@ -22,8 +22,9 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use shaper_common::{
-    delay_bucket, ClassConfig, FLOW_SLOTS, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple, IFACE_L3,
-    MAX_CLASSES, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS, RULE_BANKS,
+    delay_bucket, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, LinkState, RuleKey, RuleTarget, Tuple,
+    FLOW_SLOTS, FULL_FRAME, IFACE_L3, MAX_CLASSES, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS, RULE_BANKS,
+    SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
 };
 
 #[map]
@@ -47,6 +48,8 @@ static CLASS_STATS: PerCpuArray<ClassStats> = PerCpuArray::with_max_entries(MAX_
 /// (class id << 32 | flow hash) → departure time of the flow's latest packet.
 #[map]
 static FLOWS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(FLOW_SLOTS, 0);
+#[map]
+static LINK_STATE: Array<LinkState> = Array::with_max_entries(MAX_INTERFACES, 0);
 
 /// `__sk_buff.tstamp_type` value for a CLOCK_MONOTONIC delivery time
 /// (`BPF_SKB_TSTAMP_DELIVERY_MONO` since 5.18, renamed `BPF_SKB_CLOCK_MONOTONIC` in 6.11).
@@ -86,7 +89,7 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
         }
         Err(parse::Malformed) => (iface.default_class, 0, IpEcn { family: 0, l3: 0, ecn: 0 }),
     };
-    Ok(shape(ctx, class, hdr_len, iface.overhead, ip))
+    Ok(shape(ctx, class, hdr_len, &iface, ip))
 }
 
 /// Where a packet's ECN field is, for CE marking.
@@ -147,7 +150,7 @@ fn wire_len(len: u32, gso_segs: u32, hdr_len: u32, overhead: i32) -> u64 {
 }
 
 #[inline(always)]
-fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) -> i32 {
+fn shape(ctx: &TcContext, class: u32, hdr_len: u32, iface: &IfaceConfig, ip: IpEcn) -> i32 {
     let skb = ctx.skb.skb;
     let Some(stats) = CLASS_STATS.get_ptr_mut(class) else { return TC_ACT_OK };
     // SAFETY: per-CPU value: only this CPU writes it, and tc programs run with migration
@@ -156,7 +159,7 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) ->
     // SAFETY: the context pointer is valid for the whole program run.
     let (len, gso_segs) = unsafe { ((*skb).len, (*skb).gso_segs) };
     let segs = u64::from(gso_segs.max(1));
-    let bytes = wire_len(len, gso_segs, hdr_len, overhead);
+    let bytes = wire_len(len, gso_segs, hdr_len, iface.overhead);
 
     let config = match CLASS_CONFIG.get(class) {
         Some(c) if c.rate_bytes > 0 => *c,
@@ -169,6 +172,7 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) ->
         }
     };
     let Some(state) = CLASS_STATE.get_ptr_mut(class) else { return TC_ACT_OK };
+    let link = Link::of(iface);
 
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -183,6 +187,7 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) ->
 
     // SAFETY: `state` is a valid map value pointer; no reference is created.
     let next = unsafe { core::ptr::addr_of_mut!((*state).next_ns) };
+    let cost = bytes * NS / config.rate_bytes;
 
     // SAFETY: the helper only reads (and caches) the skb's flow hash.
     let flow = (u64::from(class) << 32) | u64::from(unsafe { bpf_get_hash_recalc(skb) });
@@ -193,41 +198,113 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) ->
     // SAFETY: a valid map value pointer, read once.
     let flow_last = flow_slot.map_or(0, |p| unsafe { core::ptr::read_volatile(p) });
     let sent = Sent { skb, flow, flow_slot, tstamp, now, bytes, segs };
-    if segs == 1 && sparse(next, flow_last, t0, now) {
-        // A sparse flow leaves at once, as fq_codel serves new flows first; its slot is still
-        // taken from the class clock, so the class keeps to its rate. CoDel does not see it:
-        // its delay says nothing about the class's queue.
-        let cost = bytes * 1_000_000_000 / config.rate_bytes;
+    let horizon = config.horizon_ns;
+    if segs == 1 && sparse(state, flow_last, t0, now, cost, config.rate_bytes, horizon) {
+        // A sparse flow leaves ahead of its class's queue, as fq_codel serves new flows
+        // first; its slot is still taken from the class clock, so the class keeps to its rate.
+        // CoDel does not see it: its delay says nothing about the class's queue.
         // SAFETY: as for `pace`.
         unsafe { edt::fetch_add(next, cost) };
+        let Some((depart, _)) = link.slot(bytes, t0, now, horizon) else {
+            // SAFETY: as above.
+            unsafe { edt::give_back(next, cost) };
+            return horizon_drop(stats, bytes, segs);
+        };
+        if depart > t0 {
+            stats.link_delayed_packets += 1;
+        }
         stats.sparse_packets += 1;
-        return sent.record(stats, t0);
+        return sent.record(stats, depart);
     }
     // SAFETY: `state` points into an array map value that lives as long as the map.
-    let verdict = unsafe { edt::pace(next, bytes, config.rate_bytes, t0, now, config.horizon_ns) };
-    match verdict {
-        edt::Verdict::Send { depart, delay, cost } => {
-            if config.codel_target_ns != 0 {
+    let edt::Verdict::Send { depart: class_depart, cost, idle } =
+        (unsafe { edt::take_slot(next, cost, t0, now, horizon) })
+    else {
+        return horizon_drop(stats, bytes, segs);
+    };
+    let Some((depart, link_cost)) = link.slot(bytes, class_depart, now, horizon) else {
+        // SAFETY: as above.
+        unsafe { edt::give_back(next, cost) };
+        return horizon_drop(stats, bytes, segs);
+    };
+    if idle {
+        stats.idle_packets += segs;
+    }
+    if depart > class_depart {
+        stats.link_delayed_packets += segs;
+    }
+    if config.codel_target_ns != 0 {
+        // SAFETY: as above.
+        let signal = unsafe { aqm::codel(state, depart - now, now, config.codel_target_ns, config.codel_interval_ns) };
+        if let aqm::Signal::Congested = signal {
+            if mark_ce(ctx, ip) {
+                stats.ecn_marked_packets += segs;
+            } else {
                 // SAFETY: as above.
-                let signal = unsafe { aqm::codel(state, delay, now, config.codel_target_ns, config.codel_interval_ns) };
-                if let aqm::Signal::Congested = signal {
-                    if mark_ce(ctx, ip) {
-                        stats.ecn_marked_packets += segs;
-                    } else {
-                        // SAFETY: as above.
-                        unsafe { edt::give_back(next, cost) };
-                        stats.drop_aqm_packets += segs;
-                        stats.drop_aqm_bytes += bytes;
-                        return TC_ACT_SHOT;
-                    }
-                }
+                unsafe { edt::give_back(next, cost) };
+                link.give_back(link_cost);
+                stats.drop_aqm_packets += segs;
+                stats.drop_aqm_bytes += bytes;
+                return TC_ACT_SHOT;
             }
-            sent.record(stats, depart)
         }
-        edt::Verdict::Horizon => {
-            stats.drop_horizon_packets += segs;
-            stats.drop_horizon_bytes += bytes;
-            TC_ACT_SHOT
+    }
+    sent.record(stats, depart)
+}
+
+/// Nanoseconds per second: costs are `bytes * NS / bytes_per_second`.
+const NS: u64 = 1_000_000_000;
+
+#[inline(always)]
+fn horizon_drop(stats: &mut ClassStats, bytes: u64, segs: u64) -> i32 {
+    stats.drop_horizon_packets += segs;
+    stats.drop_horizon_bytes += bytes;
+    TC_ACT_SHOT
+}
+
+/// An interface's link clock: every packet, whatever its class, takes a slot on it at the
+/// link's rate, and leaves no earlier than that slot. While the daemon's allocation keeps the
+/// classes' rates within the link this clock never holds a packet back; when a class starts
+/// sending while others borrow its share, it holds every class to the link's rate until the
+/// next tick moves the borrowers down. Slots are taken when a packet is paced (not moved to
+/// its departure), so one class's queue never holds back another class's packets.
+struct Link {
+    next: Option<*mut u64>,
+    rate: u64,
+}
+
+impl Link {
+    #[inline(always)]
+    fn of(iface: &IfaceConfig) -> Self {
+        let next = if iface.link_rate_bytes == 0 {
+            None
+        } else {
+            // SAFETY: a valid map value pointer; no reference is created.
+            LINK_STATE.get_ptr_mut(iface.slot).map(|s| unsafe { core::ptr::addr_of_mut!((*s).next_ns) })
+        };
+        Self { next, rate: iface.link_rate_bytes }
+    }
+
+    /// The packet's departure: `depart` (its class's), or later if the link clock is further
+    /// ahead; and its cost on the link clock. `None` past the horizon.
+    #[inline(always)]
+    fn slot(&self, bytes: u64, depart: u64, now: u64, horizon: u64) -> Option<(u64, u64)> {
+        let Some(next) = self.next else { return Some((depart, 0)) };
+        // `of` sets `next` only for a non-zero rate; checked_div says so to the compiler (an
+        // unchecked division would bring a panic path the verifier rejects).
+        let cost = (bytes * NS).checked_div(self.rate).unwrap_or(0);
+        // SAFETY: `next` points into an array map value that lives as long as the map.
+        match unsafe { edt::take_slot(next, cost, now, now, horizon) } {
+            edt::Verdict::Send { depart: link, cost, .. } => Some((if link > depart { link } else { depart }, cost)),
+            edt::Verdict::Horizon => None,
+        }
+    }
+
+    #[inline(always)]
+    fn give_back(&self, cost: u64) {
+        if let Some(next) = self.next {
+            // SAFETY: as above.
+            unsafe { edt::give_back(next, cost) };
         }
     }
 }
@@ -278,20 +355,46 @@ impl Sent {
 /// 10 ms (a ping, DNS, a game's or a call's small packets) is sparse whatever the queue.
 const SPARSE_GAP_NS: u64 = 10_000_000;
 
-/// Whether a packet belongs to a sparse flow: the class has a queue, and the flow's previous
-/// packet (which left at `last`, 0 for a new flow) left at least the queue's length ago, or [`SPARSE_GAP_NS`] if the queue
-/// is longer. Such a flow has nothing waiting and sends less than one packet per queueing
-/// delay; a bulk flow, whose packets wait in the queue, never qualifies; a new flow's first
-/// packet does (fq_codel treats new flows so).
+/// Whether a packet may leave ahead of its class's queue: its flow is sparse, the queue is
+/// short, and the class's sparse budget has room.
+///
+/// - The flow is sparse when the class has a queue and the flow's previous packet (which left
+///   at `last`, 0 for a new flow) left at least the queue's length ago, or [`SPARSE_GAP_NS`] if
+///   the queue is longer: it has nothing waiting and sends less than one packet per queueing
+///   delay. A bulk flow, whose packets wait in the queue, never qualifies; a new flow's first
+///   packet does (fq_codel treats new flows so).
+/// - The queue is at most [`SPARSE_MAX_QUEUE_FRAMES`] full frames long (and the packet fits
+///   within the horizon).
+/// - The budget: sparse packets may use `1 / SPARSE_SHARE` of the class's rate ahead of the
+///   queue (a token bucket of one packet, kept as a clock). Beyond it they wait in the queue.
+///
+/// A packet that jumps the queue still takes its slot on the class clock, so over a long
+/// window the class keeps to its rate; over a short one it sends early at most what its
+/// sparse packets carried during the queue's length, which the two bounds above keep to half
+/// a full frame (at most `queue * rate / SPARSE_SHARE` bytes).
 #[inline(always)]
-fn sparse(next: *mut u64, last: u64, t0: u64, now: u64) -> bool {
-    // SAFETY: `next` points into a map value (caller).
+fn sparse(state: *mut ClassState, last: u64, t0: u64, now: u64, cost: u64, rate: u64, horizon: u64) -> bool {
+    // SAFETY: `state` points into a map value (caller); no reference is created.
+    let (next, budget) =
+        unsafe { (core::ptr::addr_of_mut!((*state).next_ns), core::ptr::addr_of_mut!((*state).sparse_next_ns)) };
+    // SAFETY: as above.
     let class_next = unsafe { core::ptr::read_volatile(next) };
     if class_next <= t0 {
         // No queue: the packet leaves at once anyway.
         return false;
     }
-    last.saturating_add((class_next - now).min(SPARSE_GAP_NS)) <= now
+    let queue = class_next - now;
+    if last.saturating_add(queue.min(SPARSE_GAP_NS)) > now {
+        return false;
+    }
+    let max_queue = (SPARSE_MAX_QUEUE_FRAMES * FULL_FRAME * NS).checked_div(rate).unwrap_or(0);
+    if queue > max_queue || queue + cost > horizon {
+        return false;
+    }
+    // SAFETY: as above.
+    let budget_next = unsafe { core::ptr::read_volatile(budget) };
+    // SAFETY: as above; a lost race only sends this packet through the queue.
+    budget_next <= now && unsafe { edt::cas(budget, budget_next, now + cost * SPARSE_SHARE) }
 }
 
 #[cfg(not(test))]

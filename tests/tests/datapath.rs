@@ -71,28 +71,36 @@ fn classifies_by_each_rule_kind() {
     assert_eq!(class_of(&dp, &v4(other, other, TCP), ctx), DEFAULT);
 }
 
+/// A 1000-byte TCP packet of flow `sport` (wire length 1000: at 1,000,000 bytes/s it costs
+/// exactly 1 ms).
+fn kilobyte(sport: u16) -> Vec<u8> {
+    ipv4(
+        &Frame { payload: 1000 - 14 - 20 - 32, ..Frame::default() },
+        Ipv4Addr::LOCALHOST,
+        Ipv4Addr::LOCALHOST,
+        L4::Tcp { sport, dport: 80 },
+    )
+}
+
+/// The default class paced at 1,000,000 bytes/s, with a horizon of 10 s.
+fn one_megabyte_per_second(dp: &mut Datapath) {
+    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 10 * SECOND, ..ClassConfig::default() })
+        .unwrap();
+}
+
 #[test]
 fn a_sparse_flow_leaves_ahead_of_a_backlogged_class() {
     let mut dp = datapath(&[]);
-    // 1,000,000 bytes/s: a 1000-byte packet costs exactly 1 ms.
-    dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 10 * SECOND, ..ClassConfig::default() })
-        .unwrap();
-    let packet = |sport| {
-        ipv4(
-            &Frame { payload: 1000 - 14 - 20 - 32, ..Frame::default() },
-            Ipv4Addr::LOCALHOST,
-            Ipv4Addr::LOCALHOST,
-            L4::Tcp { sport, dport: 80 },
-        )
-    };
-    // A bulk flow queues 20 ms of packets.
-    let bulk: Vec<u64> = (0..20).map(|_| run(&dp, &packet(1000), SkbCtx::default(), 1).ctx.tstamp).collect();
+    one_megabyte_per_second(&mut dp);
+    // A bulk flow queues 6 ms of packets (sparse packets may jump a queue of up to eight
+    // full frames: 12.1 ms here).
+    let bulk: Vec<u64> = (0..6).map(|_| run(&dp, &kilobyte(1000), SkbCtx::default(), 1).ctx.tstamp).collect();
     let queued_until = dp.class_state(DEFAULT).unwrap().next_ns;
-    assert_eq!(queued_until - bulk[0], 20_000_000);
+    assert_eq!(queued_until - bulk[0], 6_000_000);
     // A packet of another flow, with nothing of its own waiting, leaves now rather than in
-    // 20 ms, and takes its 1 ms from the class clock all the same.
+    // 6 ms, and takes its 1 ms from the class clock all the same.
     let before = monotonic_ns();
-    let sparse = run(&dp, &packet(2000), SkbCtx::default(), 1).ctx.tstamp;
+    let sparse = run(&dp, &kilobyte(2000), SkbCtx::default(), 1).ctx.tstamp;
     let after = monotonic_ns();
     assert!(
         sparse >= before && sparse <= after,
@@ -100,13 +108,85 @@ fn a_sparse_flow_leaves_ahead_of_a_backlogged_class() {
     );
     assert_eq!(dp.class_state(DEFAULT).unwrap().next_ns, queued_until + 1_000_000);
     // Its next packet, right behind it, is no longer sparse: the flow just sent.
-    let second = run(&dp, &packet(2000), SkbCtx::default(), 1).ctx.tstamp;
+    let second = run(&dp, &kilobyte(2000), SkbCtx::default(), 1).ctx.tstamp;
     assert_eq!(second, queued_until + 1_000_000);
     // The bulk flow never is.
-    let more = run(&dp, &packet(1000), SkbCtx::default(), 1).ctx.tstamp;
+    let more = run(&dp, &kilobyte(1000), SkbCtx::default(), 1).ctx.tstamp;
     assert_eq!(more, queued_until + 2_000_000);
+    // A third flow's first packet would be sparse, but the class's sparse budget (1/16 of
+    // its rate: the last sparse packet's 1 ms took 16 ms of it) is spent: it queues.
+    let third = run(&dp, &kilobyte(3000), SkbCtx::default(), 1).ctx.tstamp;
+    assert_eq!(third, queued_until + 3_000_000);
     let s = dp.class_stats(DEFAULT).unwrap();
-    assert_eq!((s.sparse_packets, s.packets), (1, 23));
+    assert_eq!((s.sparse_packets, s.packets, s.idle_packets), (1, 10, 1));
+}
+
+#[test]
+fn a_long_queue_is_not_jumped() {
+    let mut dp = datapath(&[]);
+    one_megabyte_per_second(&mut dp);
+    // 13 ms of queue: more than eight full frames (12.1 ms) at this rate.
+    for _ in 0..13 {
+        run(&dp, &kilobyte(1000), SkbCtx::default(), 1);
+    }
+    let queued_until = dp.class_state(DEFAULT).unwrap().next_ns;
+    let new_flow = run(&dp, &kilobyte(2000), SkbCtx::default(), 1).ctx.tstamp;
+    assert_eq!(new_flow, queued_until);
+    assert_eq!(dp.class_stats(DEFAULT).unwrap().sparse_packets, 0);
+}
+
+/// Many new flows at once (a port scan, a hundred clients' first packets) cannot take more
+/// than the class's rate: the departures, sorted, are never earlier than the rate allows,
+/// give or take the one packet that jumps the queue.
+#[test]
+fn a_flood_of_new_flows_keeps_to_the_class_rate() {
+    let mut dp = datapath(&[]);
+    one_megabyte_per_second(&mut dp);
+    let start = monotonic_ns();
+    let mut departures: Vec<u64> =
+        (0..300u16).map(|i| run(&dp, &kilobyte(10_000 + i), SkbCtx::default(), 1).ctx.tstamp).collect();
+    departures.sort_unstable();
+    for (i, &t) in departures.iter().enumerate() {
+        // Packet i (0-based) may leave no earlier than (i - 1) ms after the start.
+        let earliest = start + (i as u64).saturating_sub(1) * 1_000_000;
+        assert!(t >= earliest, "departure {i} at +{} ns, before +{} ns", t - start, earliest - start);
+    }
+    let s = dp.class_stats(DEFAULT).unwrap();
+    assert!(s.sparse_packets <= 1, "{} sparse packets", s.sparse_packets);
+}
+
+/// Two classes whose rates add up to twice the link: every packet also takes a slot on the
+/// interface's link clock, so together they leave at the link's rate.
+#[test]
+fn the_link_clock_holds_the_classes_together_to_the_link_rate() {
+    let rules = vec![RuleSpec { src: Some("10.0.0.1/32".parse().unwrap()), ..RuleSpec::new(0, 1) }];
+    let mut dp = datapath(&rules);
+    dp.set_iface(
+        LO,
+        IfaceConfig { slot: 0, default_class: DEFAULT, overhead: 0, flags: IFACE_ENABLED, link_rate_bytes: 1_000_000 },
+    )
+    .unwrap();
+    for class in [1, DEFAULT] {
+        dp.set_class(class, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 10 * SECOND, ..ClassConfig::default() })
+            .unwrap();
+    }
+    let packet = |src: [u8; 4]| {
+        ipv4(&Frame { payload: 1000 - 14 - 20 - 32, ..Frame::default() }, Ipv4Addr::from(src), Ipv4Addr::LOCALHOST, TCP)
+    };
+    let start = monotonic_ns();
+    let mut departures: Vec<u64> = (0..20)
+        .map(|i| {
+            run(&dp, &packet(if i % 2 == 0 { [10, 0, 0, 1] } else { [10, 0, 0, 2] }), SkbCtx::default(), 1).ctx.tstamp
+        })
+        .collect();
+    departures.sort_unstable();
+    for (i, &t) in departures.iter().enumerate() {
+        let earliest = start + i as u64 * 1_000_000;
+        assert!(t >= earliest, "departure {i} at +{} ns, before +{} ns", t - start, earliest - start);
+    }
+    let (a, b) = (dp.class_stats(1).unwrap(), dp.class_stats(DEFAULT).unwrap());
+    assert_eq!(a.packets + b.packets, 20);
+    assert!(a.link_delayed_packets + b.link_delayed_packets >= 9, "{a:?} {b:?}");
 }
 
 #[test]
@@ -254,7 +334,7 @@ fn edt_spaces_packets_by_wire_length_over_rate() {
     assert_eq!(t[2] - t[1], 1_000_000);
     assert_eq!(dp.class_state(DEFAULT).unwrap().next_ns, t[2] + 1_000_000);
     let s = dp.class_stats(DEFAULT).unwrap();
-    assert_eq!((s.packets, s.bytes, s.delayed_packets), (3, 3000, 2));
+    assert_eq!((s.packets, s.bytes, s.delayed_packets, s.idle_packets), (3, 3000, 2, 1));
     assert!(
         s.delay_ns_total >= 3_000_000 - 2 * (after - before) && s.delay_ns_total <= 3_000_000,
         "{}",
@@ -272,7 +352,11 @@ fn edt_spaces_packets_by_wire_length_over_rate() {
 #[test]
 fn overhead_and_gso_segments_count_as_wire_bytes() {
     let mut dp = datapath(&[]);
-    dp.set_iface(LO, IfaceConfig { slot: 0, default_class: DEFAULT, overhead: 8, flags: IFACE_ENABLED }).unwrap();
+    dp.set_iface(
+        LO,
+        IfaceConfig { slot: 0, default_class: DEFAULT, overhead: 8, flags: IFACE_ENABLED, link_rate_bytes: 0 },
+    )
+    .unwrap();
     dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: SECOND, ..ClassConfig::default() })
         .unwrap();
     // A TSO packet: 2 segments of 1448 bytes behind 14 + 20 + 32 bytes of headers (BPF_PROG_TEST_RUN
