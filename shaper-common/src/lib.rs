@@ -120,6 +120,19 @@ pub struct IfaceConfig {
     /// link, even while the daemon's allocation lags behind a class that starts sending.
     /// 0: no link clock.
     pub link_rate_bytes: u64,
+    /// How far the link clock may run ahead of now before it holds packets back
+    /// ([`link_burst_ns`] of the link's rate): the classes' bursts within their rates pass.
+    pub link_burst_ns: u64,
+}
+
+/// The link clock's tolerance at `link_rate_bytes`: one full frame.
+#[must_use]
+pub const fn link_burst_ns(link_rate_bytes: u64) -> u64 {
+    if link_rate_bytes == 0 {
+        0
+    } else {
+        FULL_FRAME * 1_000_000_000 / link_rate_bytes
+    }
 }
 
 /// Per-interface pacing state (`LINK_STATE`, indexed by interface slot).
@@ -286,7 +299,7 @@ impl ClassStats {
     }
 }
 
-const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 24);
+const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 32);
 const _: () = assert!(core::mem::size_of::<LinkState>() == 8);
 const _: () = assert!(core::mem::size_of::<Globals>() == 8);
 const _: () = assert!(core::mem::size_of::<RuleKey>() == RULE_KEY_WORDS * 8);

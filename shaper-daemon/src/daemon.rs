@@ -12,7 +12,7 @@ use std::{
 };
 
 use shaper_common::{
-    ClassConfig, IfaceConfig, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, IFACE_ENABLED, IFACE_L3, MAX_CLASSES,
+    link_burst_ns, ClassConfig, IfaceConfig, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, IFACE_ENABLED, IFACE_L3, MAX_CLASSES,
 };
 use tokio::sync::{watch, Mutex};
 use tracing::{debug, error, info, instrument, warn};
@@ -574,6 +574,7 @@ fn set_ifaces(datapath: &mut Datapath, config: &Config, ifindexes: &[u32], ids: 
                 overhead: iface.overhead,
                 flags,
                 link_rate_bytes: iface.rate.bits_per_sec() / 8,
+                link_burst_ns: link_burst_ns(iface.rate.bits_per_sec() / 8),
             },
         )?;
     }

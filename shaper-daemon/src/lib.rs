@@ -16,6 +16,8 @@ pub mod config;
 pub mod daemon;
 pub mod demand;
 pub mod metrics;
+#[cfg(test)]
+pub mod model;
 pub mod qdisc;
 pub mod rate;
 pub mod rules;

@@ -212,6 +212,8 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, iface: &IfaceConfig, ip: IpE
         };
         if depart > t0 {
             stats.link_delayed_packets += 1;
+            // SAFETY: as above.
+            unsafe { edt::advance_to(next, depart + cost) };
         }
         stats.sparse_packets += 1;
         return sent.record(stats, depart);
@@ -232,6 +234,8 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, iface: &IfaceConfig, ip: IpE
     }
     if depart > class_depart {
         stats.link_delayed_packets += segs;
+        // SAFETY: as above.
+        unsafe { edt::advance_to(next, depart + cost) };
     }
     if config.codel_target_ns != 0 {
         // SAFETY: as above.
@@ -267,10 +271,15 @@ fn horizon_drop(stats: &mut ClassStats, bytes: u64, segs: u64) -> i32 {
 /// classes' rates within the link this clock never holds a packet back; when a class starts
 /// sending while others borrow its share, it holds every class to the link's rate until the
 /// next tick moves the borrowers down. Slots are taken when a packet is paced (not moved to
-/// its departure), so one class's queue never holds back another class's packets.
+/// its departure), so one class's queue never holds back another class's packets; the clock
+/// may run `link_burst_ns` (two full frames) ahead before it holds anything back, so that
+/// classes bursting within their rates pass. A packet the link holds back moves its class's
+/// clock to its departure, or the class would catch up above its own rate (its ceil) once
+/// the link lets it.
 struct Link {
     next: Option<*mut u64>,
     rate: u64,
+    burst: u64,
 }
 
 impl Link {
@@ -282,7 +291,7 @@ impl Link {
             // SAFETY: a valid map value pointer; no reference is created.
             LINK_STATE.get_ptr_mut(iface.slot).map(|s| unsafe { core::ptr::addr_of_mut!((*s).next_ns) })
         };
-        Self { next, rate: iface.link_rate_bytes }
+        Self { next, rate: iface.link_rate_bytes, burst: iface.link_burst_ns }
     }
 
     /// The packet's departure: `depart` (its class's), or later if the link clock is further
@@ -295,7 +304,10 @@ impl Link {
         let cost = (bytes * NS).checked_div(self.rate).unwrap_or(0);
         // SAFETY: `next` points into an array map value that lives as long as the map.
         match unsafe { edt::take_slot(next, cost, now, now, horizon) } {
-            edt::Verdict::Send { depart: link, cost, .. } => Some((if link > depart { link } else { depart }, cost)),
+            edt::Verdict::Send { depart: link, cost, .. } => {
+                let link = link.saturating_sub(self.burst);
+                Some((if link > depart { link } else { depart }, cost))
+            }
             edt::Verdict::Horizon => None,
         }
     }

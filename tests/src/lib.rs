@@ -231,6 +231,7 @@ pub fn loopback_datapath(rules: &[shaper::rules::RuleSpec], default_class: u32) 
         overhead: 0,
         flags: shaper_common::IFACE_ENABLED,
         link_rate_bytes: 0,
+        link_burst_ns: 0,
     };
     dp.set_iface(LO, iface).expect("setting the loopback interface");
     dp.load_rules(&shaper::rules::compile(rules).expect("compiling rules")).expect("loading rules");

@@ -163,7 +163,14 @@ fn the_link_clock_holds_the_classes_together_to_the_link_rate() {
     let mut dp = datapath(&rules);
     dp.set_iface(
         LO,
-        IfaceConfig { slot: 0, default_class: DEFAULT, overhead: 0, flags: IFACE_ENABLED, link_rate_bytes: 1_000_000 },
+        IfaceConfig {
+            slot: 0,
+            default_class: DEFAULT,
+            overhead: 0,
+            flags: IFACE_ENABLED,
+            link_rate_bytes: 1_000_000,
+            link_burst_ns: 0,
+        },
     )
     .unwrap();
     for class in [1, DEFAULT] {
@@ -354,7 +361,14 @@ fn overhead_and_gso_segments_count_as_wire_bytes() {
     let mut dp = datapath(&[]);
     dp.set_iface(
         LO,
-        IfaceConfig { slot: 0, default_class: DEFAULT, overhead: 8, flags: IFACE_ENABLED, link_rate_bytes: 0 },
+        IfaceConfig {
+            slot: 0,
+            default_class: DEFAULT,
+            overhead: 8,
+            flags: IFACE_ENABLED,
+            link_rate_bytes: 0,
+            link_burst_ns: 0,
+        },
     )
     .unwrap();
     dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: SECOND, ..ClassConfig::default() })

@@ -48,7 +48,14 @@ fn per_class_counters_match_bytes_that_crossed_the_veth() {
             let ifindex = unsafe { libc::if_nametoindex(c"lan0".as_ptr()) };
             dp.set_iface(
                 ifindex,
-                IfaceConfig { slot: 0, default_class: 3, overhead: 0, flags: IFACE_ENABLED, link_rate_bytes: 0 },
+                IfaceConfig {
+                    slot: 0,
+                    default_class: 3,
+                    overhead: 0,
+                    flags: IFACE_ENABLED,
+                    link_rate_bytes: 0,
+                    link_burst_ns: 0,
+                },
             )
             .unwrap();
             let rules = [rule(0, 1, "10.77.0.1/32"), rule(1, 2, "10.77.0.2/32"), rule(2, 4, "fd77::/64")];
@@ -174,7 +181,14 @@ fn pinned_datapath_is_taken_over_in_place() {
             first
                 .set_iface(
                     ifindex,
-                    IfaceConfig { slot: 0, default_class: 3, overhead: 0, flags: IFACE_ENABLED, link_rate_bytes: 0 },
+                    IfaceConfig {
+                        slot: 0,
+                        default_class: 3,
+                        overhead: 0,
+                        flags: IFACE_ENABLED,
+                        link_rate_bytes: 0,
+                        link_burst_ns: 0,
+                    },
                 )
                 .unwrap();
             first.load_rules(&compile(&[rule(0, 1, "10.79.0.1/32")]).unwrap()).unwrap();
