@@ -75,21 +75,9 @@ pub mod maps {
     pub const CLASS_STATS: &str = "CLASS_STATS";
     pub const GLOBALS: &str = "GLOBALS";
     pub const FLOWS: &str = "FLOWS";
-    pub const LINK_STATE: &str = "LINK_STATE";
     /// Every map, for pinning.
-    pub const ALL: [&str; 11] = [
-        IFACES,
-        TUPLES,
-        RULES,
-        SPORT_IDS,
-        DPORT_IDS,
-        CLASS_CONFIG,
-        CLASS_STATE,
-        CLASS_STATS,
-        GLOBALS,
-        FLOWS,
-        LINK_STATE,
-    ];
+    pub const ALL: [&str; 10] =
+        [IFACES, TUPLES, RULES, SPORT_IDS, DPORT_IDS, CLASS_CONFIG, CLASS_STATE, CLASS_STATS, GLOBALS, FLOWS];
 }
 
 /// Name of the tc program in the object file.
@@ -115,33 +103,6 @@ pub struct IfaceConfig {
     /// May be negative, as with tc's `overhead`, to subtract headers the link does not carry.
     pub overhead: i32,
     pub flags: u32,
-    /// The link's rate in bytes per second: every packet also takes a slot on the interface's
-    /// link clock (`LINK_STATE`), so that the classes together never send faster than the
-    /// link, even while the daemon's allocation lags behind a class that starts sending.
-    /// 0: no link clock.
-    pub link_rate_bytes: u64,
-    /// How far the link clock may run ahead of now before it holds packets back
-    /// ([`link_burst_ns`] of the link's rate): the classes' bursts within their rates pass.
-    pub link_burst_ns: u64,
-}
-
-/// The link clock's tolerance at `link_rate_bytes`: one full frame.
-#[must_use]
-pub const fn link_burst_ns(link_rate_bytes: u64) -> u64 {
-    if link_rate_bytes == 0 {
-        0
-    } else {
-        FULL_FRAME * 1_000_000_000 / link_rate_bytes
-    }
-}
-
-/// Per-interface pacing state (`LINK_STATE`, indexed by interface slot).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LinkState {
-    /// The link clock: when the bytes admitted so far will have left at the link's rate
-    /// (`CLOCK_MONOTONIC` ns).
-    pub next_ns: u64,
 }
 
 /// Number of tuples in use, and other global knobs; one entry in `GLOBALS`.
@@ -271,8 +232,6 @@ pub struct ClassStats {
     /// departure): the class had no queue. A class that sends and never finds its clock idle
     /// is held back by its rate (the daemon's demand estimator reads this).
     pub idle_packets: u64,
-    /// Packets (segments) held back by the link clock rather than by their class's.
-    pub link_delayed_packets: u64,
 }
 
 impl ClassStats {
@@ -294,27 +253,24 @@ impl ClassStats {
         }
         self.sparse_packets += o.sparse_packets;
         self.idle_packets += o.idle_packets;
-        self.link_delayed_packets += o.link_delayed_packets;
         self
     }
 }
 
-const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 32);
-const _: () = assert!(core::mem::size_of::<LinkState>() == 8);
+const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 16);
 const _: () = assert!(core::mem::size_of::<Globals>() == 8);
 const _: () = assert!(core::mem::size_of::<RuleKey>() == RULE_KEY_WORDS * 8);
 const _: () = assert!(core::mem::size_of::<Tuple>() == 56);
 const _: () = assert!(core::mem::size_of::<RuleTarget>() == 8);
 const _: () = assert!(core::mem::size_of::<ClassConfig>() == 32);
 const _: () = assert!(core::mem::size_of::<ClassState>() == 48);
-const _: () = assert!(core::mem::size_of::<ClassStats>() == 104 + 8 * DELAY_BUCKETS);
+const _: () = assert!(core::mem::size_of::<ClassStats>() == 96 + 8 * DELAY_BUCKETS);
 
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: all of these are `#[repr(C)]`, made only of integers, with explicit padding,
     // so every bit pattern is valid and there are no uninitialised bytes.
     unsafe impl aya::Pod for super::IfaceConfig {}
-    unsafe impl aya::Pod for super::LinkState {}
     unsafe impl aya::Pod for super::Globals {}
     unsafe impl aya::Pod for super::RuleKey {}
     unsafe impl aya::Pod for super::Tuple {}

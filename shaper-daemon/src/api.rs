@@ -130,8 +130,12 @@ pub struct ClassStatus {
     pub current_rate: Rate,
     /// The allocator's share for the class (for an inner class, its children's sum).
     pub allocated: Rate,
-    /// Offered rate (sent and dropped) over the last 200 ms, for leaves.
+    /// Offered rate (sent and dropped) over the last 400 ms, for leaves.
     pub throughput: Rate,
+    /// Whether the class's rate holds it back (its queue never emptied over the last 50 ms):
+    /// it is offered any spare bandwidth up to its ceil.
+    #[serde(default)]
+    pub limited: bool,
     /// Wire bytes and packets sent.
     pub bytes: u64,
     pub packets: u64,

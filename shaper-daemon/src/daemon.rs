@@ -12,7 +12,7 @@ use std::{
 };
 
 use shaper_common::{
-    link_burst_ns, ClassConfig, IfaceConfig, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, IFACE_ENABLED, IFACE_L3, MAX_CLASSES,
+    ClassConfig, IfaceConfig, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, IFACE_ENABLED, IFACE_L3, MAX_CLASSES,
 };
 use tokio::sync::{watch, Mutex};
 use tracing::{debug, error, info, instrument, warn};
@@ -24,7 +24,7 @@ use crate::{
         edit::{self, ClassKey, EditError, NewValue},
         Class, Config,
     },
-    demand::{self, Counters, Estimator, Observation},
+    demand::{self, Counters, Estimator, Observation, Settler},
     metrics::{self, ClassSample, Metrics, Snapshot},
     qdisc::{self, FqGuard, QdiscError},
     rate::Rate,
@@ -124,6 +124,7 @@ impl ClassEntry {
 struct IfaceTree {
     tree: Tree,
     classes: Vec<Option<usize>>,
+    settler: Settler,
 }
 
 struct State {
@@ -170,7 +171,7 @@ fn trees(config: &Config) -> Vec<IfaceTree> {
         .iter()
         .map(|i| {
             let (tree, classes) = Tree::from_config(config, &i.name);
-            IfaceTree { tree, classes }
+            IfaceTree { tree, classes, settler: Settler::default() }
         })
         .collect()
 }
@@ -573,8 +574,6 @@ fn set_ifaces(datapath: &mut Datapath, config: &Config, ifindexes: &[u32], ids: 
                 default_class: ids[default],
                 overhead: iface.overhead,
                 flags,
-                link_rate_bytes: iface.rate.bits_per_sec() / 8,
-                link_burst_ns: link_burst_ns(iface.rate.bits_per_sec() / 8),
             },
         )?;
     }
@@ -635,8 +634,9 @@ impl State {
     /// One round of the control loop.
     fn control_tick(&mut self) -> Result<(), BpfError> {
         let mono = monotonic_ns();
-        for t in &self.trees {
+        for t in &mut self.trees {
             let mut demand = vec![0u64; t.tree.nodes.len()];
+            let mut backlog = vec![0u64; t.tree.nodes.len()];
             for (node, class) in t.classes.iter().enumerate() {
                 let Some(c) = *class else { continue };
                 let entry = &mut self.classes[c];
@@ -645,6 +645,7 @@ impl State {
                 }
                 let stats = self.datapath.class_stats(entry.id)?;
                 let clock = self.datapath.class_state(entry.id)?.next_ns;
+                backlog[node] = clock.saturating_sub(mono);
                 let estimate = entry.estimator.update(&Observation {
                     now_ns: mono,
                     counters: Counters {
@@ -652,7 +653,7 @@ impl State {
                         packets: stats.packets,
                         idle_packets: stats.idle_packets,
                     },
-                    backlog_ns: clock.saturating_sub(mono),
+                    backlog_ns: backlog[node],
                     pacing: entry.current.bits_per_sec(),
                 });
                 entry.throughput = Rate::from_bits_per_sec(estimate.offered);
@@ -660,7 +661,7 @@ impl State {
                 entry.record_delays(mono, stats.delay_hist);
                 demand[node] = estimate.demand;
             }
-            let alloc = t.tree.allocate(&demand);
+            let alloc = t.settler.settle(&t.tree, &t.tree.allocate(&demand), &backlog, mono);
             for (node, class) in t.classes.iter().enumerate() {
                 let Some(c) = *class else { continue };
                 let entry = &mut self.classes[c];
@@ -737,6 +738,7 @@ impl State {
                 drops_aqm: s.drop_aqm_packets,
                 ecn_marks: s.ecn_marked_packets,
                 sparse_packets: s.sparse_packets,
+                limited: entry.limited,
                 delayed_packets: s.delayed_packets,
                 mean_delay_us: s.delay_ns_total.checked_div(s.delayed_packets).unwrap_or(0) / 1000,
                 p99_delay_us: entry.p99_delay_us(),

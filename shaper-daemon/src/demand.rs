@@ -11,11 +11,15 @@
 //! (which a test on the sent rate alone does: a class paced at what it sends always sends at
 //! its pacing rate).
 //!
-//! - A limited class wants more than it has: its pacing rate (or offered rate, if higher)
-//!   times `1 + g`, where `g` starts at 1/16 and doubles with every further limited tick, up
-//!   to one. A class just short of what it needs, which stops being limited after a tick or
-//!   two, grows by a few percent; a greedy one doubles per tick until the allocator caps it at its
-//!   share or ceil (a class that joins at 0.3 mbit/s reaches 8 within about ten ticks).
+//! - A limited class wants what arrives plus what drains its queue within 100 ms, and never
+//!   less than its pacing rate (it uses all of it). If what
+//!   arrives keeps up with its pacing rate (its queue did not shrink over the queue window),
+//!   it would send more if it could: it wants its pacing rate times `1 + g`, where `g` starts at 1/16 and
+//!   doubles with every further such tick, up to one. A greedy sender so doubles per tick
+//!   until the allocator caps it at its share or ceil (a class that joins at 0.3 mbit/s
+//!   reaches 8 within about ten ticks), while a stream whose packets come bunched (its
+//!   sender stalled, then caught up) gets what drains the bunch, and no more. The datapath
+//!   counts packets when it paces them, so the counters give the arrival rate.
 //! - A class that is not limited wants what it offered over [`RATE_WINDOW_NS`] plus
 //!   [`HEADROOM_PERCENT`], so that its own jitter does not queue it; a new demand within a
 //!   dead band around the last one keeps the last one, so that a steady sender's allocation
@@ -35,6 +39,8 @@
 
 use std::collections::VecDeque;
 
+use crate::tree::Tree;
+
 /// Window over which the offered rate of a class that is not limited is measured.
 pub const RATE_WINDOW_NS: u64 = 400_000_000;
 /// Shortest window over which a class must have had a queue throughout to count as limited.
@@ -50,6 +56,8 @@ pub const DEAD_BAND_HIGH_PERCENT: u64 = 4;
 /// A limited class's first growth step, as a divisor: `1 + 1/16`; each further limited tick
 /// doubles the step, up to doubling the rate.
 const FIRST_GROWTH_DIVISOR: u64 = 16;
+/// A limited class is given at least what drains its queue within this long.
+const DRAIN_NS: u64 = 100_000_000;
 /// A full-size Ethernet frame, in bits.
 const FRAME_BITS: u64 = 1514 * 8;
 
@@ -91,7 +99,7 @@ pub struct Estimate {
 #[derive(Debug, Clone, Default)]
 pub struct Estimator {
     /// (time ns, counters), oldest first, covering [`RATE_WINDOW_NS`].
-    samples: VecDeque<(u64, Counters)>,
+    samples: VecDeque<(u64, (Counters, u64))>,
     /// The last demand given.
     demand: u64,
     /// Limited ticks in a row.
@@ -106,14 +114,37 @@ impl Estimator {
 
     /// Records an observation and returns the class's demand.
     pub fn update(&mut self, o: &Observation) -> Estimate {
-        slide(&mut self.samples, o.now_ns, o.counters, RATE_WINDOW_NS);
-        let offered = self.offered_rate(o.now_ns, o.counters);
-        let limited = self.limited(o);
+        slide(&mut self.samples, o.now_ns, (o.counters, o.backlog_ns), RATE_WINDOW_NS);
+        let offered = Self::rate_since(self.samples[0], o);
+        let window = queue_window(o.pacing);
+        let recent = self.window_start(o.now_ns, window);
+        let limited = o.pacing != 0
+            && (o.backlog_ns >= window
+                || (o.backlog_ns > 0
+                    && recent.is_some_and(|(_, (c0, _))| {
+                        o.counters.packets > c0.packets && o.counters.idle_packets == c0.idle_packets
+                    })));
         let demand = if limited {
-            self.streak = self.streak.saturating_add(1);
-            let base = o.pacing.max(offered);
-            let step = (base / FIRST_GROWTH_DIVISOR) << (self.streak - 1).min(FIRST_GROWTH_DIVISOR.ilog2());
-            base.saturating_add(step.min(base))
+            // What arrived over the queue window (the datapath counts packets as they are
+            // paced, so this is the arrival rate, not the departure rate).
+            let arriving = recent.map_or(offered, |s| Self::rate_since(s, o));
+            // Enough to drain the queue within DRAIN_NS, on top of what arrives.
+            let drain = saturate(u128::from(o.backlog_ns.min(DRAIN_NS)) * u128::from(o.pacing) / u128::from(DRAIN_NS));
+            // Arrivals that keep up with the pacing rate: the class would send more if it
+            // could; grow it faster and faster. Arrivals below it (a bunch of packets
+            // draining): give it what drains the bunch, and no more.
+            // The class had a queue throughout the window (it is limited), so it sent at its
+            // pacing rate; a queue that did not shrink means that at least as much arrived.
+            let keeps_up = recent.is_none_or(|(_, (_, backlog))| o.backlog_ns >= backlog);
+            self.streak = if keeps_up { self.streak.saturating_add(1) } else { 0 };
+            let grown = if self.streak == 0 {
+                0
+            } else {
+                let step = (o.pacing / FIRST_GROWTH_DIVISOR) << (self.streak - 1).min(FIRST_GROWTH_DIVISOR.ilog2());
+                o.pacing.saturating_add(step.min(o.pacing))
+            };
+            // A limited class uses all of its pacing rate: it never wants less.
+            arriving.max(offered).saturating_add(drain).max(grown).max(o.pacing)
         } else {
             self.streak = 0;
             let low = percent_over(offered, DEAD_BAND_LOW_PERCENT);
@@ -128,32 +159,86 @@ impl Estimator {
         Estimate { demand, offered, limited }
     }
 
-    /// The offered rate over the window (or what history there is), bits/s.
-    fn offered_rate(&self, now: u64, c: Counters) -> u64 {
-        let (t0, c0) = self.samples[0];
-        let bits = u128::from(c.offered_bytes.saturating_sub(c0.offered_bytes)) * 8;
-        (bits * 1_000_000_000).checked_div(u128::from(now.saturating_sub(t0))).map_or(0, saturate)
+    /// The offered rate from sample `since` to the observation, bits/s.
+    fn rate_since((t0, (c0, _)): (u64, (Counters, u64)), o: &Observation) -> u64 {
+        let bits = u128::from(o.counters.offered_bytes.saturating_sub(c0.offered_bytes)) * 8;
+        (bits * 1_000_000_000).checked_div(u128::from(o.now_ns.saturating_sub(t0))).map_or(0, saturate)
     }
 
-    /// Whether the class had a queue throughout the queue window, or has one longer than it.
-    fn limited(&self, o: &Observation) -> bool {
-        if o.pacing == 0 {
-            return false;
+    /// The newest sample at least `window` old.
+    fn window_start(&self, now: u64, window: u64) -> Option<(u64, (Counters, u64))> {
+        self.samples.iter().rev().find(|(t, _)| now.saturating_sub(*t) >= window).copied()
+    }
+}
+
+/// The window over which a class must have had a queue throughout to count as limited:
+/// [`QUEUE_WINDOW_NS`], or four full frames at its pacing rate if longer.
+fn queue_window(pacing: u64) -> u64 {
+    let frames_ns = saturate(u128::from(4 * FRAME_BITS) * 1_000_000_000 / u128::from(pacing.max(1)));
+    QUEUE_WINDOW_NS.max(frames_ns)
+}
+
+/// Holds back what the allocator gives to classes whose allocation grows while a class whose
+/// allocation was lowered still has packets queued at its old rate: the datapath gave those
+/// packets their departure times already, and they leave as scheduled, so the capacity a
+/// lowered class gives up is only free once its queue has drained. Without this, the link
+/// carries both the old queue and the newcomer's new rate for that long.
+#[derive(Debug, Clone, Default)]
+pub struct Settler {
+    /// What each node was given at the last tick.
+    granted: Vec<u64>,
+    /// Per node: (the rate its queued packets still leave at, until when, ns).
+    held: Vec<(u64, u64)>,
+}
+
+impl Settler {
+    /// The allocation to apply now, given the allocator's `alloc` for `tree`, and each leaf's
+    /// queue (`backlog_ns`, indexed like the nodes) at `now_ns`. Decreases apply at once;
+    /// increases share what the link has left after every class's current allocation and
+    /// every lowered class's queue, in proportion to how much each grows.
+    pub fn settle(&mut self, tree: &Tree, alloc: &[u64], backlog_ns: &[u64], now_ns: u64) -> Vec<u64> {
+        let n = alloc.len();
+        if self.granted.len() != n {
+            self.granted = alloc.to_vec();
+            self.held = vec![(0, 0); n];
+            return alloc.to_vec();
         }
-        let frames_ns = saturate(u128::from(4 * FRAME_BITS) * 1_000_000_000 / u128::from(o.pacing));
-        let window = QUEUE_WINDOW_NS.max(frames_ns);
-        if o.backlog_ns >= window {
-            return true;
+        let leaves: Vec<usize> = (1..n).filter(|&i| tree.is_leaf(i)).collect();
+        let mut out = alloc.to_vec();
+        let (mut used, mut growth) = (0u64, 0u64);
+        for &i in &leaves {
+            let (old, new) = (self.granted[i], alloc[i]);
+            let (rate, until) = self.held[i];
+            let active = until > now_ns;
+            if new < old {
+                self.held[i] = (
+                    if active { rate.max(old) } else { old },
+                    now_ns.saturating_add(backlog_ns[i]).max(if active { until } else { 0 }),
+                );
+            }
+            let (rate, until) = self.held[i];
+            if new > old {
+                used = used.saturating_add(old.max(if until > now_ns { rate } else { 0 }));
+                growth = growth.saturating_add(new - old);
+            } else {
+                used = used.saturating_add(new.max(if until > now_ns { rate } else { 0 }));
+            }
         }
-        if o.backlog_ns == 0 {
-            return false;
+        let free = tree.nodes[0].rate.saturating_sub(used);
+        for &i in &leaves {
+            let old = self.granted[i];
+            if alloc[i] > old {
+                let wanted = alloc[i] - old;
+                let given = if growth <= free {
+                    wanted
+                } else {
+                    saturate(u128::from(wanted) * u128::from(free) / u128::from(growth))
+                };
+                out[i] = old + given;
+            }
         }
-        // The newest sample at least a window old: the queue must have lasted since then.
-        let Some(&(t0, c0)) = self.samples.iter().rev().find(|(t, _)| o.now_ns.saturating_sub(*t) >= window) else {
-            return false;
-        };
-        debug_assert!(t0 <= o.now_ns);
-        o.counters.packets > c0.packets && o.counters.idle_packets == c0.idle_packets
+        self.granted.clone_from(&out);
+        out
     }
 }
 
@@ -240,11 +325,12 @@ mod tests {
         assert!(!drive(&mut e, &mut s, 300_000, 300_000, 15, true).limited);
         let first = drive(&mut e, &mut s, 300_000, 300_000, 2, true);
         assert!(first.limited);
-        // Steps of 1/16, 1/8, ... of the pacing rate, then doubling.
+        // A greedy sender's arrivals keep up with its pacing rate: steps of 1/16, 1/8, ... of
+        // the pacing rate, then doubling.
         let mut pacing = first.demand;
         let mut ticks = 0;
         while pacing < 8 * MBIT {
-            let r = drive(&mut e, &mut s, 300_000, pacing, 1, true);
+            let r = drive(&mut e, &mut s, pacing, pacing, 1, true);
             assert!(r.demand > pacing);
             pacing = r.demand;
             ticks += 1;
@@ -258,7 +344,33 @@ mod tests {
         let c = Counters { offered_bytes: 1514, packets: 1, idle_packets: 1 };
         let r = e.update(&Observation { now_ns: MS, counters: c, backlog_ns: 200 * MS, pacing: 1_000_000 });
         assert!(r.limited);
-        assert!(r.demand > 1_000_000);
+        // What drains the queue within 100 ms, at least.
+        assert!(r.demand >= 1_000_000);
+    }
+
+    #[test]
+    fn a_bunch_gets_what_drains_it_and_no_more() {
+        let mut e = Estimator::new();
+        let mut s = (0, Counters::default());
+        drive(&mut e, &mut s, 2 * MBIT, 2_048_000, 60, false);
+        // The stream's packets came bunched: a queue for 60 ms, draining, while it still
+        // sends 2 mbit/s.
+        let mut r = None;
+        for backlog in (1..=6).rev() {
+            s.0 += 10 * MS;
+            s.1.offered_bytes += 2500;
+            s.1.packets += 2;
+            r = Some(e.update(&Observation {
+                now_ns: s.0,
+                counters: s.1,
+                backlog_ns: backlog * MS,
+                pacing: 2_048_000,
+            }));
+        }
+        let r = r.unwrap();
+        assert!(r.limited);
+        // 5 ms of queue drained within 100 ms: 5 % more, not a doubling.
+        assert!(r.demand < 2_048_000 * 110 / 100, "{r:?}");
     }
 
     #[test]
@@ -282,6 +394,23 @@ mod tests {
         }
         assert_eq!(v.front().unwrap().0, 60);
         assert_eq!(v.back().unwrap().0, 90);
+    }
+
+    #[test]
+    fn capacity_a_lowered_class_still_uses_is_not_given_away() {
+        use crate::tree::Node;
+        let leaf = |rate| Node { rate, ceil: 10 * MBIT, prio: 0, weight: rate, children: Vec::new() };
+        let mut root = leaf(10 * MBIT);
+        root.children = vec![1, 2];
+        let tree = Tree { nodes: vec![root, leaf(MBIT), leaf(MBIT)] };
+        let mut s = Settler::default();
+        assert_eq!(s.settle(&tree, &[10 * MBIT, 9 * MBIT, MBIT], &[0, 0, 0], 0), [10 * MBIT, 9 * MBIT, MBIT]);
+        // Class 1 drops to 5 with 20 ms queued at 9: class 2 may not grow yet.
+        let a = s.settle(&tree, &[10 * MBIT, 5 * MBIT, 5 * MBIT], &[0, 20 * MS, 0], 10 * MS);
+        assert_eq!((a[1], a[2]), (5 * MBIT, MBIT));
+        // Once that queue has left, it gets its share.
+        let a = s.settle(&tree, &[10 * MBIT, 5 * MBIT, 5 * MBIT], &[0, 5 * MS, 0], 31 * MS);
+        assert_eq!((a[1], a[2]), (5 * MBIT, 5 * MBIT));
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! - [`rate`]: rates in tc's spelling;
 //! - [`rules`]: rules compiled into the datapath's lookup tables;
 //! - [`bpf`]: the embedded tc program, its loading, attachment and typed maps;
+//! - [`demand`]: what each class wants, estimated every tick from the datapath's counters;
+//! - [`tree`]: the class tree and the allocator (HTB's rules) that turns demands into rates;
 //! - [`qdisc`]: the `fq` root qdisc that enforces departure times (netlink);
 //! - [`api`]: the control protocol between `shaperctl` and `shaperd`;
 //! - [`metrics`]: the Prometheus exposition served at `/metrics`;

@@ -96,20 +96,3 @@ pub unsafe fn give_back(next: *mut u64, cost: u64) {
     // SAFETY: forwarded to the caller.
     unsafe { fetch_add(next, cost.wrapping_neg()) };
 }
-
-/// Moves the clock forward to `to` unless it is there already (a packet held back beyond its
-/// slot: the next one comes after it).
-///
-/// # Safety
-/// As for [`pace`].
-#[inline(always)]
-pub unsafe fn advance_to(next: *mut u64, to: u64) {
-    for _ in 0..CAS_ATTEMPTS {
-        // SAFETY: as for `pace`.
-        let cur = unsafe { core::ptr::read_volatile(next) };
-        // SAFETY: as above.
-        if cur >= to || unsafe { cas(next, cur, to) } {
-            return;
-        }
-    }
-}

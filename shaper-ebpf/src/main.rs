@@ -22,7 +22,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use shaper_common::{
-    delay_bucket, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, LinkState, RuleKey, RuleTarget, Tuple,
+    delay_bucket, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple,
     FLOW_SLOTS, FULL_FRAME, IFACE_L3, MAX_CLASSES, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS, RULE_BANKS,
     SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
 };
@@ -48,8 +48,7 @@ static CLASS_STATS: PerCpuArray<ClassStats> = PerCpuArray::with_max_entries(MAX_
 /// (class id << 32 | flow hash) → departure time of the flow's latest packet.
 #[map]
 static FLOWS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(FLOW_SLOTS, 0);
-#[map]
-static LINK_STATE: Array<LinkState> = Array::with_max_entries(MAX_INTERFACES, 0);
+
 
 /// `__sk_buff.tstamp_type` value for a CLOCK_MONOTONIC delivery time
 /// (`BPF_SKB_TSTAMP_DELIVERY_MONO` since 5.18, renamed `BPF_SKB_CLOCK_MONOTONIC` in 6.11).
@@ -89,7 +88,7 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
         }
         Err(parse::Malformed) => (iface.default_class, 0, IpEcn { family: 0, l3: 0, ecn: 0 }),
     };
-    Ok(shape(ctx, class, hdr_len, &iface, ip))
+    Ok(shape(ctx, class, hdr_len, iface.overhead, ip))
 }
 
 /// Where a packet's ECN field is, for CE marking.
@@ -150,7 +149,7 @@ fn wire_len(len: u32, gso_segs: u32, hdr_len: u32, overhead: i32) -> u64 {
 }
 
 #[inline(always)]
-fn shape(ctx: &TcContext, class: u32, hdr_len: u32, iface: &IfaceConfig, ip: IpEcn) -> i32 {
+fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) -> i32 {
     let skb = ctx.skb.skb;
     let Some(stats) = CLASS_STATS.get_ptr_mut(class) else { return TC_ACT_OK };
     // SAFETY: per-CPU value: only this CPU writes it, and tc programs run with migration
@@ -159,7 +158,7 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, iface: &IfaceConfig, ip: IpE
     // SAFETY: the context pointer is valid for the whole program run.
     let (len, gso_segs) = unsafe { ((*skb).len, (*skb).gso_segs) };
     let segs = u64::from(gso_segs.max(1));
-    let bytes = wire_len(len, gso_segs, hdr_len, iface.overhead);
+    let bytes = wire_len(len, gso_segs, hdr_len, overhead);
 
     let config = match CLASS_CONFIG.get(class) {
         Some(c) if c.rate_bytes > 0 => *c,
@@ -172,7 +171,6 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, iface: &IfaceConfig, ip: IpE
         }
     };
     let Some(state) = CLASS_STATE.get_ptr_mut(class) else { return TC_ACT_OK };
-    let link = Link::of(iface);
 
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -205,37 +203,15 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, iface: &IfaceConfig, ip: IpE
         // CoDel does not see it: its delay says nothing about the class's queue.
         // SAFETY: as for `pace`.
         unsafe { edt::fetch_add(next, cost) };
-        let Some((depart, _)) = link.slot(bytes, t0, now, horizon) else {
-            // SAFETY: as above.
-            unsafe { edt::give_back(next, cost) };
-            return horizon_drop(stats, bytes, segs);
-        };
-        if depart > t0 {
-            stats.link_delayed_packets += 1;
-            // SAFETY: as above.
-            unsafe { edt::advance_to(next, depart + cost) };
-        }
         stats.sparse_packets += 1;
-        return sent.record(stats, depart);
+        return sent.record(stats, t0);
     }
     // SAFETY: `state` points into an array map value that lives as long as the map.
-    let edt::Verdict::Send { depart: class_depart, cost, idle } =
-        (unsafe { edt::take_slot(next, cost, t0, now, horizon) })
-    else {
-        return horizon_drop(stats, bytes, segs);
-    };
-    let Some((depart, link_cost)) = link.slot(bytes, class_depart, now, horizon) else {
-        // SAFETY: as above.
-        unsafe { edt::give_back(next, cost) };
+    let edt::Verdict::Send { depart, cost, idle } = (unsafe { edt::take_slot(next, cost, t0, now, horizon) }) else {
         return horizon_drop(stats, bytes, segs);
     };
     if idle {
         stats.idle_packets += segs;
-    }
-    if depart > class_depart {
-        stats.link_delayed_packets += segs;
-        // SAFETY: as above.
-        unsafe { edt::advance_to(next, depart + cost) };
     }
     if config.codel_target_ns != 0 {
         // SAFETY: as above.
@@ -246,7 +222,6 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, iface: &IfaceConfig, ip: IpE
             } else {
                 // SAFETY: as above.
                 unsafe { edt::give_back(next, cost) };
-                link.give_back(link_cost);
                 stats.drop_aqm_packets += segs;
                 stats.drop_aqm_bytes += bytes;
                 return TC_ACT_SHOT;
@@ -264,61 +239,6 @@ fn horizon_drop(stats: &mut ClassStats, bytes: u64, segs: u64) -> i32 {
     stats.drop_horizon_packets += segs;
     stats.drop_horizon_bytes += bytes;
     TC_ACT_SHOT
-}
-
-/// An interface's link clock: every packet, whatever its class, takes a slot on it at the
-/// link's rate, and leaves no earlier than that slot. While the daemon's allocation keeps the
-/// classes' rates within the link this clock never holds a packet back; when a class starts
-/// sending while others borrow its share, it holds every class to the link's rate until the
-/// next tick moves the borrowers down. Slots are taken when a packet is paced (not moved to
-/// its departure), so one class's queue never holds back another class's packets; the clock
-/// may run `link_burst_ns` (two full frames) ahead before it holds anything back, so that
-/// classes bursting within their rates pass. A packet the link holds back moves its class's
-/// clock to its departure, or the class would catch up above its own rate (its ceil) once
-/// the link lets it.
-struct Link {
-    next: Option<*mut u64>,
-    rate: u64,
-    burst: u64,
-}
-
-impl Link {
-    #[inline(always)]
-    fn of(iface: &IfaceConfig) -> Self {
-        let next = if iface.link_rate_bytes == 0 {
-            None
-        } else {
-            // SAFETY: a valid map value pointer; no reference is created.
-            LINK_STATE.get_ptr_mut(iface.slot).map(|s| unsafe { core::ptr::addr_of_mut!((*s).next_ns) })
-        };
-        Self { next, rate: iface.link_rate_bytes, burst: iface.link_burst_ns }
-    }
-
-    /// The packet's departure: `depart` (its class's), or later if the link clock is further
-    /// ahead; and its cost on the link clock. `None` past the horizon.
-    #[inline(always)]
-    fn slot(&self, bytes: u64, depart: u64, now: u64, horizon: u64) -> Option<(u64, u64)> {
-        let Some(next) = self.next else { return Some((depart, 0)) };
-        // `of` sets `next` only for a non-zero rate; checked_div says so to the compiler (an
-        // unchecked division would bring a panic path the verifier rejects).
-        let cost = (bytes * NS).checked_div(self.rate).unwrap_or(0);
-        // SAFETY: `next` points into an array map value that lives as long as the map.
-        match unsafe { edt::take_slot(next, cost, now, now, horizon) } {
-            edt::Verdict::Send { depart: link, cost, .. } => {
-                let link = link.saturating_sub(self.burst);
-                Some((if link > depart { link } else { depart }, cost))
-            }
-            edt::Verdict::Horizon => None,
-        }
-    }
-
-    #[inline(always)]
-    fn give_back(&self, cost: u64) {
-        if let Some(next) = self.next {
-            // SAFETY: as above.
-            unsafe { edt::give_back(next, cost) };
-        }
-    }
 }
 
 /// A packet that leaves: what recording its departure needs.

@@ -155,47 +155,6 @@ fn a_flood_of_new_flows_keeps_to_the_class_rate() {
     assert!(s.sparse_packets <= 1, "{} sparse packets", s.sparse_packets);
 }
 
-/// Two classes whose rates add up to twice the link: every packet also takes a slot on the
-/// interface's link clock, so together they leave at the link's rate.
-#[test]
-fn the_link_clock_holds_the_classes_together_to_the_link_rate() {
-    let rules = vec![RuleSpec { src: Some("10.0.0.1/32".parse().unwrap()), ..RuleSpec::new(0, 1) }];
-    let mut dp = datapath(&rules);
-    dp.set_iface(
-        LO,
-        IfaceConfig {
-            slot: 0,
-            default_class: DEFAULT,
-            overhead: 0,
-            flags: IFACE_ENABLED,
-            link_rate_bytes: 1_000_000,
-            link_burst_ns: 0,
-        },
-    )
-    .unwrap();
-    for class in [1, DEFAULT] {
-        dp.set_class(class, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 10 * SECOND, ..ClassConfig::default() })
-            .unwrap();
-    }
-    let packet = |src: [u8; 4]| {
-        ipv4(&Frame { payload: 1000 - 14 - 20 - 32, ..Frame::default() }, Ipv4Addr::from(src), Ipv4Addr::LOCALHOST, TCP)
-    };
-    let start = monotonic_ns();
-    let mut departures: Vec<u64> = (0..20)
-        .map(|i| {
-            run(&dp, &packet(if i % 2 == 0 { [10, 0, 0, 1] } else { [10, 0, 0, 2] }), SkbCtx::default(), 1).ctx.tstamp
-        })
-        .collect();
-    departures.sort_unstable();
-    for (i, &t) in departures.iter().enumerate() {
-        let earliest = start + i as u64 * 1_000_000;
-        assert!(t >= earliest, "departure {i} at +{} ns, before +{} ns", t - start, earliest - start);
-    }
-    let (a, b) = (dp.class_stats(1).unwrap(), dp.class_stats(DEFAULT).unwrap());
-    assert_eq!(a.packets + b.packets, 20);
-    assert!(a.link_delayed_packets + b.link_delayed_packets >= 9, "{a:?} {b:?}");
-}
-
 #[test]
 fn replacing_the_rules_leaves_nothing_of_the_old_ones() {
     let host = |ip: &str, class| RuleSpec { src: Some(ip.parse().unwrap()), ..RuleSpec::new(0, class) };
@@ -359,18 +318,7 @@ fn edt_spaces_packets_by_wire_length_over_rate() {
 #[test]
 fn overhead_and_gso_segments_count_as_wire_bytes() {
     let mut dp = datapath(&[]);
-    dp.set_iface(
-        LO,
-        IfaceConfig {
-            slot: 0,
-            default_class: DEFAULT,
-            overhead: 8,
-            flags: IFACE_ENABLED,
-            link_rate_bytes: 0,
-            link_burst_ns: 0,
-        },
-    )
-    .unwrap();
+    dp.set_iface(LO, IfaceConfig { slot: 0, default_class: DEFAULT, overhead: 8, flags: IFACE_ENABLED }).unwrap();
     dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: SECOND, ..ClassConfig::default() })
         .unwrap();
     // A TSO packet: 2 segments of 1448 bytes behind 14 + 20 + 32 bytes of headers (BPF_PROG_TEST_RUN

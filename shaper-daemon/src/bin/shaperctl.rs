@@ -31,8 +31,8 @@ struct Args {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// The class tree: rate, ceil, allocation, measured throughput, drops, ECN marks, p99
-    /// added delay.
+    /// The class tree: rate, ceil, allocation (`+`: held back by it, offered any spare),
+    /// measured throughput, drops, ECN marks, p99 added delay.
     Status {
         /// Print the daemon's JSON reply (rates in bits per second).
         #[arg(long)]
@@ -187,7 +187,8 @@ fn render_status(status: &Status) -> String {
             c.prio,
             rate_cell(c.rate),
             rate_cell(c.ceil),
-            rate_cell(c.allocated),
+            // A `+` marks a class held back by its rate: it is offered any spare bandwidth.
+            format!("{}{}", rate_cell(c.allocated), if c.limited { "+" } else { "" }),
             measured,
             c.bytes
         );
