@@ -25,6 +25,9 @@ pub const MAX_RULE_ENTRIES: u32 = 65536;
 /// Port interval ids (one array slot per port number).
 pub const PORT_SLOTS: u32 = 65536;
 
+/// Hosts (or flows) remembered for isolation inside classes (`HOSTS`, an LRU hash).
+pub const HOST_SLOTS: u32 = 65536;
+
 /// Flows remembered for sparse-flow priority (`FLOWS`, an LRU hash: the least recently
 /// seen flow is forgotten first).
 pub const FLOW_SLOTS: u32 = 65536;
@@ -75,9 +78,10 @@ pub mod maps {
     pub const CLASS_STATS: &str = "CLASS_STATS";
     pub const GLOBALS: &str = "GLOBALS";
     pub const FLOWS: &str = "FLOWS";
+    pub const HOSTS: &str = "HOSTS";
     /// Every map, for pinning.
-    pub const ALL: [&str; 10] =
-        [IFACES, TUPLES, RULES, SPORT_IDS, DPORT_IDS, CLASS_CONFIG, CLASS_STATE, CLASS_STATS, GLOBALS, FLOWS];
+    pub const ALL: [&str; 11] =
+        [IFACES, TUPLES, RULES, SPORT_IDS, DPORT_IDS, CLASS_CONFIG, CLASS_STATE, CLASS_STATS, GLOBALS, FLOWS, HOSTS];
 }
 
 /// Name of the tc program in the object file.
@@ -90,6 +94,16 @@ pub const IFACE_ENABLED: u32 = 1;
 /// `IfaceConfig::flags`: the interface has no link-layer header (tun, WireGuard, PPP), so
 /// packets start with the IP header.
 pub const IFACE_L3: u32 = 2;
+/// `IfaceConfig::flags`: the interface carries downloads (towards the hosts): a class's hosts
+/// are its packets' destination addresses. Without it (uploads), their source addresses.
+pub const IFACE_DOWNLOAD: u32 = 4;
+
+/// `ClassConfig::isolation`: no isolation inside the class.
+pub const ISOLATE_NONE: u32 = 0;
+/// `ClassConfig::isolation`: the class's rate is shared fairly between its hosts.
+pub const ISOLATE_HOST: u32 = 1;
+/// `ClassConfig::isolation`: the class's rate is shared fairly between its flows.
+pub const ISOLATE_FLOW: u32 = 2;
 
 /// Per-interface settings, keyed by ifindex in `IFACES`.
 #[repr(C)]
@@ -113,6 +127,10 @@ pub struct Globals {
     pub tuple_count: u32,
     /// The active rule bank, 0 or 1 (see [`RULE_BANKS`]).
     pub bank: u32,
+    /// The daemon's tick count: the datapath counts each host once per epoch
+    /// (`ClassStats::hosts_seen`, `hosts_over`).
+    pub epoch: u32,
+    pub _pad: u32,
 }
 
 /// The fields a packet is classified on. The same layout is the key of `RULES`: a rule is
@@ -180,6 +198,42 @@ pub struct ClassConfig {
     /// AQM off for the class.
     pub codel_target_ns: u64,
     pub codel_interval_ns: u64,
+    /// Isolation inside the class: [`ISOLATE_NONE`], [`ISOLATE_HOST`] or [`ISOLATE_FLOW`].
+    pub isolation: u32,
+    pub _pad: u32,
+    /// One host's (or flow's) fair share of the class's rate, bytes/s, as the daemon last
+    /// estimated it; 0: no isolation. Each host has a clock at this rate: a host whose clock
+    /// runs ahead of now sends more than its share, and only its packets get the AQM's
+    /// congestion signals.
+    pub share_bytes: u64,
+    /// A host whose clock runs further ahead of now than this is dropped (a host that does
+    /// not respond to congestion signals gets its share, not more).
+    pub share_horizon_ns: u64,
+    /// A host counts as over its share once its clock is this far ahead of now (a few
+    /// frames at the share: bursts within it do not count).
+    pub share_slack_ns: u64,
+}
+
+/// Key of `HOSTS`: a host (or flow) of a class.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct HostKey {
+    pub class: u32,
+    /// [`ISOLATE_HOST`]: `addr` is an address (IPv4 in the first four bytes);
+    /// [`ISOLATE_FLOW`]: the flow hash in the first four bytes.
+    pub kind: u32,
+    pub addr: [u8; 16],
+}
+
+/// Value of `HOSTS`: one host's clock and when it was last counted.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostState {
+    /// When the host's bytes so far will have left at its fair share (`CLOCK_MONOTONIC` ns).
+    pub next_ns: u64,
+    /// The epoch in which the host was last counted in `hosts_seen`, and in `hosts_over`.
+    pub seen_epoch: u32,
+    pub over_epoch: u32,
 }
 
 /// Per-class pacing and AQM state (`CLASS_STATE`, indexed by class id). Several CPUs update
@@ -228,6 +282,14 @@ pub struct ClassStats {
     pub delay_hist: [u64; DELAY_BUCKETS],
     /// Packets of sparse flows sent ahead of the class's queue (see the datapath's `sparse`).
     pub sparse_packets: u64,
+    /// Isolation: bytes from hosts within their fair share; hosts counted once per epoch,
+    /// all of them and those over their share; packets and bytes dropped because their host
+    /// was over its share by more than the share horizon.
+    pub share_under_bytes: u64,
+    pub hosts_seen: u64,
+    pub hosts_over: u64,
+    pub drop_share_packets: u64,
+    pub drop_share_bytes: u64,
     /// Packets (segments) that found the class's clock idle (at or behind their earliest
     /// departure): the class had no queue. A class that sends and never finds its clock idle
     /// is held back by its rate (the daemon's demand estimator reads this).
@@ -253,18 +315,25 @@ impl ClassStats {
         }
         self.sparse_packets += o.sparse_packets;
         self.idle_packets += o.idle_packets;
+        self.share_under_bytes += o.share_under_bytes;
+        self.hosts_seen += o.hosts_seen;
+        self.hosts_over += o.hosts_over;
+        self.drop_share_packets += o.drop_share_packets;
+        self.drop_share_bytes += o.drop_share_bytes;
         self
     }
 }
 
 const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 16);
-const _: () = assert!(core::mem::size_of::<Globals>() == 8);
+const _: () = assert!(core::mem::size_of::<Globals>() == 16);
 const _: () = assert!(core::mem::size_of::<RuleKey>() == RULE_KEY_WORDS * 8);
 const _: () = assert!(core::mem::size_of::<Tuple>() == 56);
 const _: () = assert!(core::mem::size_of::<RuleTarget>() == 8);
-const _: () = assert!(core::mem::size_of::<ClassConfig>() == 32);
+const _: () = assert!(core::mem::size_of::<ClassConfig>() == 64);
+const _: () = assert!(core::mem::size_of::<HostKey>() == 24);
+const _: () = assert!(core::mem::size_of::<HostState>() == 16);
 const _: () = assert!(core::mem::size_of::<ClassState>() == 48);
-const _: () = assert!(core::mem::size_of::<ClassStats>() == 96 + 8 * DELAY_BUCKETS);
+const _: () = assert!(core::mem::size_of::<ClassStats>() == 136 + 8 * DELAY_BUCKETS);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -278,6 +347,8 @@ mod pod {
     unsafe impl aya::Pod for super::ClassConfig {}
     unsafe impl aya::Pod for super::ClassState {}
     unsafe impl aya::Pod for super::ClassStats {}
+    unsafe impl aya::Pod for super::HostKey {}
+    unsafe impl aya::Pod for super::HostState {}
 }
 
 #[cfg(test)]

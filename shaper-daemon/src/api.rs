@@ -144,6 +144,13 @@ pub struct ClassStatus {
     pub drops_horizon: u64,
     /// Packets dropped by the AQM, and ECN-capable packets it marked instead.
     pub drops_aqm: u64,
+    /// Packets dropped because their host was far over its fair share of the class.
+    #[serde(default)]
+    pub drops_share: u64,
+    /// With isolation: one host's (or flow's) fair share of the class, bits/s, as estimated
+    /// at the last tick (the class's rate when nobody needs protecting).
+    #[serde(default)]
+    pub share: u64,
     pub ecn_marks: u64,
     /// Packets of sparse flows sent ahead of the class's queue.
     pub sparse_packets: u64,

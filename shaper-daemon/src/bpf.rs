@@ -413,11 +413,20 @@ impl Datapath {
             self.tuples.set(i, tuple, 0).map_err(map_err(maps::TUPLES, format!("tuple {i}")))?;
         }
         let count = u32::try_from(compiled.tuples.len()).expect("at most MAX_TUPLES");
+        let epoch = self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the epoch"))?.epoch;
         self.globals
-            .set(0, Globals { tuple_count: count, bank }, 0)
+            .set(0, Globals { tuple_count: count, bank, epoch, _pad: 0 }, 0)
             .map_err(map_err(maps::GLOBALS, "switching to the new rule bank"))?;
         self.banks[bank as usize] = BankContents { keys: Some(keys), ports: Some(ports) };
         Ok(())
+    }
+
+    /// Starts a new epoch: the datapath counts each host of a class once per epoch
+    /// (`ClassStats::hosts_seen`, `hosts_over`). Called once per tick.
+    pub fn next_epoch(&mut self) -> Result<(), BpfError> {
+        let mut globals = self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the epoch"))?;
+        globals.epoch = globals.epoch.wrapping_add(1);
+        self.globals.set(0, globals, 0).map_err(map_err(maps::GLOBALS, "starting a new epoch"))
     }
 
     /// The ports with interval ids in each rule bank, if known: for the next process that

@@ -12,7 +12,8 @@ use std::{
 };
 
 use shaper_common::{
-    ClassConfig, IfaceConfig, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, IFACE_ENABLED, IFACE_L3, MAX_CLASSES,
+    ClassConfig, IfaceConfig, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, IFACE_DOWNLOAD, IFACE_ENABLED, IFACE_L3,
+    ISOLATE_FLOW, ISOLATE_HOST, ISOLATE_NONE, MAX_CLASSES,
 };
 use tokio::sync::{watch, Mutex};
 use tracing::{debug, error, info, instrument, warn};
@@ -22,7 +23,7 @@ use crate::{
     bpf::{BpfError, Datapath},
     config::{
         edit::{self, ClassKey, EditError, NewValue},
-        Class, Config,
+        Class, Config, Direction, Isolation,
     },
     demand::{self, Counters, Estimator, Observation, Settler},
     metrics::{self, ClassSample, Metrics, Snapshot},
@@ -76,6 +77,10 @@ struct ClassEntry {
     throughput: Rate,
     /// Whether the estimator found the class limited by its pacing rate at the last tick.
     limited: bool,
+    /// Isolation: one host's fair share of the class (bits/s; 0 before the first tick), and
+    /// the isolation counters at the last tick.
+    share: u64,
+    share_counters: (u64, u64, u64),
     /// Delay histograms over the last second (`CLOCK_MONOTONIC` ns), oldest first, for the
     /// p99 in `status`.
     delays: VecDeque<(u64, [u64; DELAY_BUCKETS])>,
@@ -91,6 +96,8 @@ impl ClassEntry {
             estimator: Estimator::new(),
             throughput: Rate::ZERO,
             limited: false,
+            share: 0,
+            share_counters: (0, 0, 0),
             delays: VecDeque::new(),
         }
     }
@@ -138,16 +145,36 @@ struct State {
     /// Incremented by every change applied after the start.
     generation: u64,
     options: Options,
+    /// `CLOCK_MONOTONIC` time of the last control tick, ns.
+    last_tick_ns: u64,
 }
 
-fn class_config(class: &Class, rate: Rate) -> ClassConfig {
+/// The datapath's settings of a leaf class paced at `rate`, whose hosts' fair share is
+/// `share` (bits/s; 0: none yet).
+fn class_config(class: &Class, rate: Rate, share: u64) -> ClassConfig {
     let (target, interval) =
         class.aqm.map_or((0, 0), |a| codel_params(horizon_ns(a.target), horizon_ns(a.interval), rate));
+    let isolation = match class.isolation {
+        Isolation::None => ISOLATE_NONE,
+        Isolation::Host => ISOLATE_HOST,
+        Isolation::Flow => ISOLATE_FLOW,
+    };
+    let share_bytes = if isolation == ISOLATE_NONE { 0 } else { share / 8 };
+    // A host is over its share once its clock is eight full frames (and CoDel's target)
+    // ahead: a burst within that (a TCP sender's window, a few aggregated segments) does not
+    // make it over. One that runs half the horizon ahead ignores the congestion signals, and
+    // is dropped.
+    let slack = (8 * 1514 * 1_000_000_000u64).checked_div(share_bytes).unwrap_or(0).max(target).max(2_000_000);
     ClassConfig {
         rate_bytes: rate.bytes_per_sec(),
         horizon_ns: horizon_ns(class.horizon),
         codel_target_ns: target,
         codel_interval_ns: interval,
+        isolation,
+        _pad: 0,
+        share_bytes,
+        share_horizon_ns: (horizon_ns(class.horizon) / 2).max(slack * 4),
+        share_slack_ns: slack,
     }
 }
 
@@ -375,6 +402,7 @@ pub async fn run(
             ifindexes,
             generation: 0,
             options: options.clone(),
+            last_tick_ns: monotonic_ns(),
         }),
         metrics: Arc::new(Metrics::new()),
     });
@@ -477,7 +505,7 @@ async fn start(
                 let paced = Rate::from_bits_per_sec(datapath.class_config(id)?.rate_bytes.saturating_mul(8));
                 entry.current = paced.max(class.rate).min(class.ceil);
             }
-            datapath.set_class(id, class_config(class, entry.current))?;
+            datapath.set_class(id, class_config(class, entry.current, entry.share))?;
         }
         classes.push(entry);
     }
@@ -566,7 +594,9 @@ fn spawn_exporter(
 fn set_ifaces(datapath: &mut Datapath, config: &Config, ifindexes: &[u32], ids: &[u32]) -> Result<(), BpfError> {
     for (slot, (iface, &index)) in config.interfaces.iter().zip(ifindexes).enumerate() {
         let default = config.classes.iter().position(|c| c.name == iface.default_class).expect("validated");
-        let flags = IFACE_ENABLED | if is_l3(&iface.name) { IFACE_L3 } else { 0 };
+        let flags = IFACE_ENABLED
+            | if is_l3(&iface.name) { IFACE_L3 } else { 0 }
+            | if iface.direction == Direction::Download { IFACE_DOWNLOAD } else { 0 };
         datapath.set_iface(
             index,
             IfaceConfig {
@@ -634,9 +664,13 @@ impl State {
     /// One round of the control loop.
     fn control_tick(&mut self) -> Result<(), BpfError> {
         let mono = monotonic_ns();
+        let elapsed = mono.saturating_sub(std::mem::replace(&mut self.last_tick_ns, mono));
         for t in &mut self.trees {
             let mut demand = vec![0u64; t.tree.nodes.len()];
             let mut backlog = vec![0u64; t.tree.nodes.len()];
+            // Isolation, per node: (bits/s from hosts within their share, hosts over it,
+            // hosts seen) over the last tick.
+            let mut hosts = vec![(0u64, 0u64, 0u64); t.tree.nodes.len()];
             for (node, class) in t.classes.iter().enumerate() {
                 let Some(c) = *class else { continue };
                 let entry = &mut self.classes[c];
@@ -649,7 +683,10 @@ impl State {
                 let estimate = entry.estimator.update(&Observation {
                     now_ns: mono,
                     counters: Counters {
-                        offered_bytes: stats.bytes + stats.drop_horizon_bytes + stats.drop_aqm_bytes,
+                        offered_bytes: stats.bytes
+                            + stats.drop_horizon_bytes
+                            + stats.drop_aqm_bytes
+                            + stats.drop_share_bytes,
                         packets: stats.packets,
                         idle_packets: stats.idle_packets,
                     },
@@ -660,6 +697,14 @@ impl State {
                 entry.limited = estimate.limited;
                 entry.record_delays(mono, stats.delay_hist);
                 demand[node] = estimate.demand;
+                let now = (stats.share_under_bytes, stats.hosts_over, stats.hosts_seen);
+                let (under, over, seen) = std::mem::replace(&mut entry.share_counters, now);
+                let under_bits = u128::from(now.0.saturating_sub(under)) * 8 * 1_000_000_000;
+                hosts[node] = (
+                    u64::try_from(under_bits.checked_div(u128::from(elapsed)).unwrap_or(0)).unwrap_or(u64::MAX),
+                    now.1.saturating_sub(over),
+                    now.2.saturating_sub(seen),
+                );
             }
             let alloc = t.settler.settle(&t.tree, &t.tree.allocate(&demand), &backlog, mono);
             for (node, class) in t.classes.iter().enumerate() {
@@ -671,13 +716,20 @@ impl State {
                 }
                 let spec = &self.config.classes[c];
                 let pacing = Rate::from_bits_per_sec(demand::pacing_rate(alloc[node], spec.rate.bits_per_sec()));
-                if pacing != entry.current {
-                    self.datapath.set_class(entry.id, class_config(spec, pacing))?;
-                    debug!(class = %spec.name, from = %entry.current, to = %pacing, "rate");
+                let (under, over, seen) = hosts[node];
+                let share = demand::fair_share(pacing.bits_per_sec(), entry.limited, under, over, seen, entry.share);
+                // Rewritten when the rate changes, or the share by more than 1/32.
+                if pacing != entry.current || share.abs_diff(entry.share) > entry.share / 32 {
+                    self.datapath.set_class(entry.id, class_config(spec, pacing, share))?;
+                    if pacing != entry.current {
+                        debug!(class = %spec.name, from = %entry.current, to = %pacing, "rate");
+                    }
                     entry.current = pacing;
+                    entry.share = share;
                 }
             }
         }
+        self.datapath.next_epoch()?;
         Ok(())
     }
 
@@ -703,6 +755,8 @@ impl State {
                 drops_horizon_bytes: s.drop_horizon_bytes,
                 drops_aqm_packets: s.drop_aqm_packets,
                 drops_aqm_bytes: s.drop_aqm_bytes,
+                drops_share_packets: s.drop_share_packets,
+                drops_share_bytes: s.drop_share_bytes,
                 ecn_marks: s.ecn_marked_packets,
                 rate_bps: class.rate.bits_per_sec(),
                 ceil_bps: class.ceil.bits_per_sec(),
@@ -719,7 +773,7 @@ impl State {
         let mut out = Vec::new();
         for (class, entry) in self.config.classes.iter().zip(&self.classes) {
             let s = self.datapath.class_stats(entry.id).map_err(|e| ApiError::Internal { message: format!("{e}") })?;
-            let drops = s.drop_horizon_packets + s.drop_aqm_packets;
+            let drops = s.drop_horizon_packets + s.drop_aqm_packets + s.drop_share_packets;
             out.push(ClassStatus {
                 name: class.name.clone(),
                 interface: class.interface.clone(),
@@ -736,6 +790,8 @@ impl State {
                 drops,
                 drops_horizon: s.drop_horizon_packets,
                 drops_aqm: s.drop_aqm_packets,
+                drops_share: s.drop_share_packets,
+                share: entry.share,
                 ecn_marks: s.ecn_marked_packets,
                 sparse_packets: s.sparse_packets,
                 limited: entry.limited,
@@ -797,7 +853,7 @@ impl State {
                 _ => ClassEntry::new(id, leaf, class.rate),
             };
             if leaf {
-                self.datapath.set_class(id, class_config(class, entry.current)).map_err(internal)?;
+                self.datapath.set_class(id, class_config(class, entry.current, entry.share)).map_err(internal)?;
             }
             entries.push(entry);
         }

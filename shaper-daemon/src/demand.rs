@@ -11,7 +11,10 @@
 //! (which a test on the sent rate alone does: a class paced at what it sends always sends at
 //! its pacing rate).
 //!
-//! - A limited class wants what arrives plus what drains its queue within 100 ms, and never
+//! - A class whose queue is deeper than two queue windows (and 100 ms) is far from what it
+//!   needs (a TCP sender's first windows, a flood): it wants all it can get, as HTB would
+//!   give it at once, and the allocator caps it at its share or ceil.
+//! - Any other limited class wants what arrives plus what drains its queue within 100 ms, and never
 //!   less than its pacing rate (it uses all of it). If what
 //!   arrives keeps up with its pacing rate (its queue did not shrink over the queue window),
 //!   it would send more if it could: it wants its pacing rate times `1 + g`, where `g` starts at 1/16 and
@@ -20,7 +23,8 @@
 //!   reaches 8 within about ten ticks), while a stream whose packets come bunched (its
 //!   sender stalled, then caught up) gets what drains the bunch, and no more. The datapath
 //!   counts packets when it paces them, so the counters give the arrival rate.
-//! - A class that is not limited wants what it offered over [`RATE_WINDOW_NS`] plus
+//! - A class that is not limited wants what it offered over [`RATE_WINDOW_NS`] (or over the
+//!   last 100 ms, if more: a class limited a moment ago sends at its new rate) plus
 //!   [`HEADROOM_PERCENT`], so that its own jitter does not queue it; a new demand within a
 //!   dead band around the last one keeps the last one, so that a steady sender's allocation
 //!   (and so its borrowers') does not follow the window's sampling noise (packets entering
@@ -124,7 +128,13 @@ impl Estimator {
                     && recent.is_some_and(|(_, (c0, _))| {
                         o.counters.packets > c0.packets && o.counters.idle_packets == c0.idle_packets
                     })));
-        let demand = if limited {
+        let demand = if limited && o.backlog_ns >= deep_queue(window) {
+            // A queue that takes this long to drain: the class is far from what it needs
+            // (a TCP sender's first windows, a flood). It wants all it can get, as it would get
+            // from HTB at once; the allocator caps it at its share or ceil.
+            self.streak = self.streak.saturating_add(1);
+            u64::MAX
+        } else if limited {
             // What arrived over the queue window (the datapath counts packets as they are
             // paced, so this is the arrival rate, not the departure rate).
             let arriving = recent.map_or(offered, |s| Self::rate_since(s, o));
@@ -147,6 +157,12 @@ impl Estimator {
             arriving.max(offered).saturating_add(drain).max(grown).max(o.pacing)
         } else {
             self.streak = 0;
+            // What it offered lately too: a class that was limited a moment ago (a TCP flow
+            // between two windows) sends at its new rate, which the long window has not
+            // caught up with yet.
+            let lately =
+                self.window_start(o.now_ns, recent_window(o.pacing)).map_or(offered, |s| Self::rate_since(s, o));
+            let offered = offered.max(lately);
             let low = percent_over(offered, DEAD_BAND_LOW_PERCENT);
             let high = percent_over(offered, DEAD_BAND_HIGH_PERCENT).saturating_add(HEADROOM_FLOOR);
             if (low..=high).contains(&self.demand) {
@@ -171,12 +187,29 @@ impl Estimator {
     }
 }
 
+/// A queue deep enough that a limited class wants all it can get: two queue windows, and at
+/// least 100 ms.
+fn deep_queue(window: u64) -> u64 {
+    (2 * window).max(100_000_000)
+}
+
+/// The window over which the offered rate of a class that was limited a moment ago is read
+/// too: 100 ms, or 32 full frames at its pacing rate if longer (so that a packet more or
+/// less moves it by 3 % at most), within [`RATE_WINDOW_NS`].
+fn recent_window(pacing: u64) -> u64 {
+    let frames_ns = saturate(u128::from(32 * FRAME_BITS) * 1_000_000_000 / u128::from(pacing.max(1)));
+    frames_ns.clamp(100_000_000, RATE_WINDOW_NS)
+}
+
 /// The window over which a class must have had a queue throughout to count as limited:
 /// [`QUEUE_WINDOW_NS`], or four full frames at its pacing rate if longer.
 fn queue_window(pacing: u64) -> u64 {
     let frames_ns = saturate(u128::from(4 * FRAME_BITS) * 1_000_000_000 / u128::from(pacing.max(1)));
     QUEUE_WINDOW_NS.max(frames_ns)
 }
+
+/// Most cuts a [`Settler`] remembers per class (each lasts as long as the queue it left).
+const MAX_HOLDS: usize = 64;
 
 /// Holds back what the allocator gives to classes whose allocation grows while a class whose
 /// allocation was lowered still has packets queued at its old rate: the datapath gave those
@@ -187,8 +220,9 @@ fn queue_window(pacing: u64) -> u64 {
 pub struct Settler {
     /// What each node was given at the last tick.
     granted: Vec<u64>,
-    /// Per node: (the rate its queued packets still leave at, until when, ns).
-    held: Vec<(u64, u64)>,
+    /// Per node: the rates its queued packets still leave at, and until when (ns), oldest
+    /// first.
+    held: Vec<VecDeque<(u64, u64)>>,
 }
 
 impl Settler {
@@ -200,46 +234,68 @@ impl Settler {
         let n = alloc.len();
         if self.granted.len() != n {
             self.granted = alloc.to_vec();
-            self.held = vec![(0, 0); n];
+            self.held = vec![VecDeque::new(); n];
             return alloc.to_vec();
         }
         let leaves: Vec<usize> = (1..n).filter(|&i| tree.is_leaf(i)).collect();
         let mut out = alloc.to_vec();
+        // What each leaf holds now: its new allocation if that is not more than it had, its
+        // old one otherwise, and the rate its queued packets still leave at.
+        let mut holds = vec![0u64; n];
         let (mut used, mut growth) = (0u64, 0u64);
         for &i in &leaves {
             let (old, new) = (self.granted[i], alloc[i]);
-            let (rate, until) = self.held[i];
-            let active = until > now_ns;
-            if new < old {
-                self.held[i] = (
-                    if active { rate.max(old) } else { old },
-                    now_ns.saturating_add(backlog_ns[i]).max(if active { until } else { 0 }),
-                );
+            // A cut whose queued packets would add less than half a frame to the link is not
+            // held: holding it would stall a class that wants to grow by as little.
+            let excess_bits = u128::from(old.saturating_sub(new)) * u128::from(backlog_ns[i]) / 1_000_000_000;
+            let held = &mut self.held[i];
+            while held.front().is_some_and(|&(_, until)| until <= now_ns) {
+                held.pop_front();
             }
-            let (rate, until) = self.held[i];
-            if new > old {
-                used = used.saturating_add(old.max(if until > now_ns { rate } else { 0 }));
-                growth = growth.saturating_add(new - old);
-            } else {
-                used = used.saturating_add(new.max(if until > now_ns { rate } else { 0 }));
+            if new < old && excess_bits > u128::from(FRAME_BITS / 2) && held.len() < MAX_HOLDS {
+                // The packets queued until then were given departure times at `old`.
+                held.push_back((old, now_ns.saturating_add(backlog_ns[i])));
             }
+            let leaving = held.iter().map(|&(rate, _)| rate).max().unwrap_or(0);
+            holds[i] = new.min(old).max(leaving);
+            used = used.saturating_add(holds[i]);
+            // A class may grow back to what its own queue holds without taking anything.
+            growth = growth.saturating_add(new.saturating_sub(holds[i]));
         }
         let free = tree.nodes[0].rate.saturating_sub(used);
         for &i in &leaves {
-            let old = self.granted[i];
-            if alloc[i] > old {
-                let wanted = alloc[i] - old;
+            let wanted = alloc[i].saturating_sub(holds[i]);
+            if wanted > 0 {
                 let given = if growth <= free {
                     wanted
                 } else {
                     saturate(u128::from(wanted) * u128::from(free) / u128::from(growth))
                 };
-                out[i] = old + given;
+                out[i] = alloc[i].min(holds[i]) + given;
             }
         }
         self.granted.clone_from(&out);
         out
     }
+}
+
+/// One host's fair share of a class's rate, as max-min fairness has it, for isolation inside
+/// the class (bits/s). Over the last tick the datapath saw `seen` hosts, `over` of them
+/// over their share `previous`, and `under` bits/s from the hosts within it. The hosts within
+/// their share keep what they send; the rest of `rate` is divided among the hosts over it
+/// (the water-filling step, repeated every tick). With none over it while the class has a
+/// queue, the share was too generous: try an equal split. A class without a queue has no
+/// one to protect: its hosts may each use all of it. The share falls by at most half per
+/// tick, so that a wrong guess does not throttle a host that was within its share.
+#[must_use]
+pub fn fair_share(rate: u64, limited: bool, under: u64, over: u64, seen: u64, previous: u64) -> u64 {
+    let target = if limited {
+        rate.saturating_sub(under).checked_div(over).unwrap_or(rate / seen.max(1))
+    } else {
+        rate
+    };
+    let floor = if previous == 0 { rate } else { previous / 2 };
+    target.clamp(floor.min(rate), rate).max(1)
 }
 
 /// `value * (100 + percent) / 100`, saturating.
@@ -411,6 +467,28 @@ mod tests {
         // Once that queue has left, it gets its share.
         let a = s.settle(&tree, &[10 * MBIT, 5 * MBIT, 5 * MBIT], &[0, 5 * MS, 0], 31 * MS);
         assert_eq!((a[1], a[2]), (5 * MBIT, 5 * MBIT));
+        // Class 1 drops to 4 with 20 ms queued at 5, then wants 5 again: its own queue does not
+        // hold it back.
+        let a = s.settle(&tree, &[10 * MBIT, 4 * MBIT, 5 * MBIT], &[0, 20 * MS, 0], 40 * MS);
+        assert_eq!((a[1], a[2]), (4 * MBIT, 5 * MBIT));
+        let a = s.settle(&tree, &[10 * MBIT, 5 * MBIT, 5 * MBIT], &[0, 20 * MS, 0], 50 * MS);
+        assert_eq!((a[1], a[2]), (5 * MBIT, 5 * MBIT));
+    }
+
+    #[test]
+    fn fair_shares_fill_the_class_max_min() {
+        // A class of 10 mbit/s with a queue: two hosts over a share of 5, 1 mbit/s from hosts
+        // within it: 4.5 each.
+        assert_eq!(fair_share(10 * MBIT, true, MBIT, 2, 5, 5 * MBIT), 4_500_000);
+        // Nobody over a share of 10 while there is a queue: split between the 4 hosts seen,
+        // but fall by at most half a tick.
+        assert_eq!(fair_share(10 * MBIT, true, 0, 0, 4, 10 * MBIT), 5 * MBIT);
+        assert_eq!(fair_share(10 * MBIT, true, 0, 0, 4, 5 * MBIT), 2_500_000);
+        // No queue: no limit.
+        assert_eq!(fair_share(10 * MBIT, false, 0, 3, 4, 2 * MBIT), 10 * MBIT);
+        // Converges: one host of 8 connections and one of 1, both greedy; whatever the share,
+        // each tick's answer is 5.
+        assert_eq!(fair_share(10 * MBIT, true, 0, 2, 2, 5 * MBIT), 5 * MBIT);
     }
 
     #[test]

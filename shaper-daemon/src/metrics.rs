@@ -85,6 +85,9 @@ pub struct ClassSample {
     pub drops_horizon_bytes: u64,
     pub drops_aqm_packets: u64,
     pub drops_aqm_bytes: u64,
+    /// Dropped because their host was far over its fair share of the class.
+    pub drops_share_packets: u64,
+    pub drops_share_bytes: u64,
     pub ecn_marks: u64,
     /// Configured guaranteed rate, bits/s.
     pub rate_bps: u64,
@@ -178,30 +181,33 @@ impl Collector for SnapshotCollector {
             None,
             &counter(|c| c.packets),
         )?;
-        let by_reason = |horizon: fn(&ClassSample) -> u64, aqm: fn(&ClassSample) -> u64| {
-            leaves
-                .iter()
-                .flat_map(|c| {
-                    [
-                        (labels_with_reason(c, "horizon"), ConstCounter::new(horizon(c))),
-                        (labels_with_reason(c, "aqm"), ConstCounter::new(aqm(c))),
-                    ]
-                })
-                .collect::<Vec<_>>()
-        };
+        let by_reason =
+            |horizon: fn(&ClassSample) -> u64, aqm: fn(&ClassSample) -> u64, share: fn(&ClassSample) -> u64| {
+                leaves
+                    .iter()
+                    .flat_map(|c| {
+                        [
+                            (labels_with_reason(c, "horizon"), ConstCounter::new(horizon(c))),
+                            (labels_with_reason(c, "aqm"), ConstCounter::new(aqm(c))),
+                            (labels_with_reason(c, "share"), ConstCounter::new(share(c))),
+                        ]
+                    })
+                    .collect::<Vec<_>>()
+            };
         family(
             e,
             "class_drops",
-            "Packets the class dropped, by reason: horizon (departure time too far ahead) or aqm.",
+            "Packets the class dropped, by reason: horizon (departure time too far ahead), aqm, or \
+             share (their host far over its fair share of the class).",
             None,
-            &by_reason(|c| c.drops_horizon_packets, |c| c.drops_aqm_packets),
+            &by_reason(|c| c.drops_horizon_packets, |c| c.drops_aqm_packets, |c| c.drops_share_packets),
         )?;
         family(
             e,
             "class_dropped_bytes",
             "Wire bytes of the packets the class dropped, by reason.",
             None,
-            &by_reason(|c| c.drops_horizon_bytes, |c| c.drops_aqm_bytes),
+            &by_reason(|c| c.drops_horizon_bytes, |c| c.drops_aqm_bytes, |c| c.drops_share_bytes),
         )?;
         family(
             e,
@@ -467,6 +473,8 @@ mod tests {
             drops_horizon_bytes: 3000,
             drops_aqm_packets: 5,
             drops_aqm_bytes: 7500,
+            drops_share_packets: 0,
+            drops_share_bytes: 0,
             ecn_marks: 11,
             rate_bps: 2_000_000,
             ceil_bps: 10_000_000,

