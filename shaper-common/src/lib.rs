@@ -128,7 +128,7 @@ pub struct Globals {
     /// The active rule bank, 0 or 1 (see [`RULE_BANKS`]).
     pub bank: u32,
     /// The daemon's tick count: the datapath counts each host once per epoch
-    /// (`ClassStats::hosts_seen`, `hosts_over`).
+    /// (`ClassStats::hosts_near`, `hosts_over`).
     pub epoch: u32,
     pub _pad: u32,
 }
@@ -194,6 +194,10 @@ pub struct ClassConfig {
     pub rate_bytes: u64,
     /// Packets that would leave later than `now + horizon_ns` are dropped.
     pub horizon_ns: u64,
+    /// How far behind now the class's clock may restart after it fell behind (idle, or
+    /// sending below its rate): the class may send that much at once (one full frame at its
+    /// rate, HTB's burst).
+    pub burst_ns: u64,
     /// CoDel on the departure delay: target and interval (RFC 8289); a target of 0 turns the
     /// AQM off for the class.
     pub codel_target_ns: u64,
@@ -212,6 +216,11 @@ pub struct ClassConfig {
     /// A host counts as over its share once its clock is this far ahead of now (a few
     /// frames at the share: bursts within it do not count).
     pub share_slack_ns: u64,
+    /// A host within its share whose clock is at most this far behind now sends at a good
+    /// part of its share (two frames at the share: a third of it or more): it contends for
+    /// the class, and takes part in dividing it. Further behind, it is a light host (DNS, a
+    /// call) that keeps what it sends.
+    pub share_near_ns: u64,
 }
 
 /// Key of `HOSTS`: a host (or flow) of a class.
@@ -231,8 +240,8 @@ pub struct HostKey {
 pub struct HostState {
     /// When the host's bytes so far will have left at its fair share (`CLOCK_MONOTONIC` ns).
     pub next_ns: u64,
-    /// The epoch in which the host was last counted in `hosts_seen`, and in `hosts_over`.
-    pub seen_epoch: u32,
+    /// The epoch in which the host was last counted in `hosts_near`, and in `hosts_over`.
+    pub near_epoch: u32,
     pub over_epoch: u32,
 }
 
@@ -282,11 +291,11 @@ pub struct ClassStats {
     pub delay_hist: [u64; DELAY_BUCKETS],
     /// Packets of sparse flows sent ahead of the class's queue (see the datapath's `sparse`).
     pub sparse_packets: u64,
-    /// Isolation: bytes from hosts within their fair share; hosts counted once per epoch,
-    /// all of them and those over their share; packets and bytes dropped because their host
-    /// was over its share by more than the share horizon.
+    /// Isolation: bytes from light hosts (well within their fair share); hosts counted once
+    /// per epoch, those near their share and those over it; packets and bytes dropped because
+    /// their host was over its share by more than the share horizon.
     pub share_under_bytes: u64,
-    pub hosts_seen: u64,
+    pub hosts_near: u64,
     pub hosts_over: u64,
     pub drop_share_packets: u64,
     pub drop_share_bytes: u64,
@@ -316,7 +325,7 @@ impl ClassStats {
         self.sparse_packets += o.sparse_packets;
         self.idle_packets += o.idle_packets;
         self.share_under_bytes += o.share_under_bytes;
-        self.hosts_seen += o.hosts_seen;
+        self.hosts_near += o.hosts_near;
         self.hosts_over += o.hosts_over;
         self.drop_share_packets += o.drop_share_packets;
         self.drop_share_bytes += o.drop_share_bytes;
@@ -329,7 +338,7 @@ const _: () = assert!(core::mem::size_of::<Globals>() == 16);
 const _: () = assert!(core::mem::size_of::<RuleKey>() == RULE_KEY_WORDS * 8);
 const _: () = assert!(core::mem::size_of::<Tuple>() == 56);
 const _: () = assert!(core::mem::size_of::<RuleTarget>() == 8);
-const _: () = assert!(core::mem::size_of::<ClassConfig>() == 64);
+const _: () = assert!(core::mem::size_of::<ClassConfig>() == 80);
 const _: () = assert!(core::mem::size_of::<HostKey>() == 24);
 const _: () = assert!(core::mem::size_of::<HostState>() == 16);
 const _: () = assert!(core::mem::size_of::<ClassState>() == 48);

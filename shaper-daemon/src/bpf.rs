@@ -422,7 +422,7 @@ impl Datapath {
     }
 
     /// Starts a new epoch: the datapath counts each host of a class once per epoch
-    /// (`ClassStats::hosts_seen`, `hosts_over`). Called once per tick.
+    /// (`ClassStats::hosts_near`, `hosts_over`). Called once per tick.
     pub fn next_epoch(&mut self) -> Result<(), BpfError> {
         let mut globals = self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the epoch"))?;
         globals.epoch = globals.epoch.wrapping_add(1);

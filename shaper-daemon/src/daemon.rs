@@ -168,6 +168,7 @@ fn class_config(class: &Class, rate: Rate, share: u64) -> ClassConfig {
     ClassConfig {
         rate_bytes: rate.bytes_per_sec(),
         horizon_ns: horizon_ns(class.horizon),
+        burst_ns: (1514 * 1_000_000_000u64).checked_div(rate.bytes_per_sec()).unwrap_or(0),
         codel_target_ns: target,
         codel_interval_ns: interval,
         isolation,
@@ -175,6 +176,8 @@ fn class_config(class: &Class, rate: Rate, share: u64) -> ClassConfig {
         share_bytes,
         share_horizon_ns: (horizon_ns(class.horizon) / 2).max(slack * 4),
         share_slack_ns: slack,
+        // Two frames at the share: hosts sending a third of it or more contend for it.
+        share_near_ns: (2 * 1514 * 1_000_000_000u64).checked_div(share_bytes).unwrap_or(0),
     }
 }
 
@@ -668,8 +671,8 @@ impl State {
         for t in &mut self.trees {
             let mut demand = vec![0u64; t.tree.nodes.len()];
             let mut backlog = vec![0u64; t.tree.nodes.len()];
-            // Isolation, per node: (bits/s from hosts within their share, hosts over it,
-            // hosts seen) over the last tick.
+            // Isolation, per node: (bits/s from light hosts, hosts over their share, hosts
+            // near it) over the last tick.
             let mut hosts = vec![(0u64, 0u64, 0u64); t.tree.nodes.len()];
             for (node, class) in t.classes.iter().enumerate() {
                 let Some(c) = *class else { continue };
@@ -697,13 +700,13 @@ impl State {
                 entry.limited = estimate.limited;
                 entry.record_delays(mono, stats.delay_hist);
                 demand[node] = estimate.demand;
-                let now = (stats.share_under_bytes, stats.hosts_over, stats.hosts_seen);
-                let (under, over, seen) = std::mem::replace(&mut entry.share_counters, now);
+                let now = (stats.share_under_bytes, stats.hosts_over, stats.hosts_near);
+                let (under, over, near) = std::mem::replace(&mut entry.share_counters, now);
                 let under_bits = u128::from(now.0.saturating_sub(under)) * 8 * 1_000_000_000;
                 hosts[node] = (
                     u64::try_from(under_bits.checked_div(u128::from(elapsed)).unwrap_or(0)).unwrap_or(u64::MAX),
                     now.1.saturating_sub(over),
-                    now.2.saturating_sub(seen),
+                    now.2.saturating_sub(near),
                 );
             }
             let alloc = t.settler.settle(&t.tree, &t.tree.allocate(&demand), &backlog, mono);
@@ -716,8 +719,8 @@ impl State {
                 }
                 let spec = &self.config.classes[c];
                 let pacing = Rate::from_bits_per_sec(demand::pacing_rate(alloc[node], spec.rate.bits_per_sec()));
-                let (under, over, seen) = hosts[node];
-                let share = demand::fair_share(pacing.bits_per_sec(), entry.limited, under, over, seen, entry.share);
+                let (under, over, near) = hosts[node];
+                let share = demand::fair_share(pacing.bits_per_sec(), entry.limited, under, over, near, entry.share);
                 // Rewritten when the rate changes, or the share by more than 1/32.
                 if pacing != entry.current || share.abs_diff(entry.share) > entry.share / 32 {
                     self.datapath.set_class(entry.id, class_config(spec, pacing, share))?;

@@ -24,7 +24,8 @@
 //!   sender stalled, then caught up) gets what drains the bunch, and no more. The datapath
 //!   counts packets when it paces them, so the counters give the arrival rate.
 //! - A class that is not limited wants what it offered over [`RATE_WINDOW_NS`] (or over the
-//!   last 100 ms, if more: a class limited a moment ago sends at its new rate) plus
+//!   last 100 ms, if more: a class limited a moment ago sends at its new rate; or if less than
+//!   half: a class that stopped gives its share back at once) plus
 //!   [`HEADROOM_PERCENT`], so that its own jitter does not queue it; a new demand within a
 //!   dead band around the last one keeps the last one, so that a steady sender's allocation
 //!   (and so its borrowers') does not follow the window's sampling noise (packets entering
@@ -162,7 +163,9 @@ impl Estimator {
             // caught up with yet.
             let lately =
                 self.window_start(o.now_ns, recent_window(o.pacing)).map_or(offered, |s| Self::rate_since(s, o));
-            let offered = offered.max(lately);
+            // And a class that has (nearly) stopped gives its share back at once, rather
+            // than as its long window empties (an on/off sender, off).
+            let offered = if lately < offered / 2 { lately } else { offered.max(lately) };
             let low = percent_over(offered, DEAD_BAND_LOW_PERCENT);
             let high = percent_over(offered, DEAD_BAND_HIGH_PERCENT).saturating_add(HEADROOM_FLOOR);
             if (low..=high).contains(&self.demand) {
@@ -280,20 +283,16 @@ impl Settler {
 }
 
 /// One host's fair share of a class's rate, as max-min fairness has it, for isolation inside
-/// the class (bits/s). Over the last tick the datapath saw `seen` hosts, `over` of them
-/// over their share `previous`, and `under` bits/s from the hosts within it. The hosts within
-/// their share keep what they send; the rest of `rate` is divided among the hosts over it
-/// (the water-filling step, repeated every tick). With none over it while the class has a
-/// queue, the share was too generous: try an equal split. A class without a queue has no
-/// one to protect: its hosts may each use all of it. The share falls by at most half per
-/// tick, so that a wrong guess does not throttle a host that was within its share.
+/// the class (bits/s). Over the last tick the datapath saw `over` hosts over their share
+/// `previous`, `near` hosts within it but sending a good part of it (they contend for the
+/// class too), and `light` bits/s from the other hosts (DNS, a call: well within their share).
+/// The light hosts keep what they send; the rest of `rate` is divided among the contending
+/// hosts (the water-filling step, repeated every tick). A class without a queue has no one
+/// to protect: its hosts may each use all of it. The share falls by at most half per tick, so
+/// that a wrong guess does not throttle a host that was within its share.
 #[must_use]
-pub fn fair_share(rate: u64, limited: bool, under: u64, over: u64, seen: u64, previous: u64) -> u64 {
-    let target = if limited {
-        rate.saturating_sub(under).checked_div(over).unwrap_or(rate / seen.max(1))
-    } else {
-        rate
-    };
+pub fn fair_share(rate: u64, limited: bool, light: u64, over: u64, near: u64, previous: u64) -> u64 {
+    let target = if limited { rate.saturating_sub(light).checked_div(over + near).unwrap_or(rate) } else { rate };
     let floor = if previous == 0 { rate } else { previous / 2 };
     target.clamp(floor.min(rate), rate).max(1)
 }
@@ -477,18 +476,18 @@ mod tests {
 
     #[test]
     fn fair_shares_fill_the_class_max_min() {
-        // A class of 10 mbit/s with a queue: two hosts over a share of 5, 1 mbit/s from hosts
-        // within it: 4.5 each.
-        assert_eq!(fair_share(10 * MBIT, true, MBIT, 2, 5, 5 * MBIT), 4_500_000);
-        // Nobody over a share of 10 while there is a queue: split between the 4 hosts seen,
-        // but fall by at most half a tick.
-        assert_eq!(fair_share(10 * MBIT, true, 0, 0, 4, 10 * MBIT), 5 * MBIT);
-        assert_eq!(fair_share(10 * MBIT, true, 0, 0, 4, 5 * MBIT), 2_500_000);
+        // A class of 10 mbit/s with a queue, 1 mbit/s from light hosts, one host over the
+        // share and one near it: 4.5 each.
+        assert_eq!(fair_share(10 * MBIT, true, MBIT, 1, 1, 5 * MBIT), 4_500_000);
+        // A host of 8 connections over a share of 6.2 and one of 1 near it: 5 each.
+        assert_eq!(fair_share(10 * MBIT, true, 0, 1, 1, 6_200_000), 5 * MBIT);
+        // One host alone keeps all but what the light hosts send.
+        assert_eq!(fair_share(10 * MBIT, true, 300_000, 1, 0, 5 * MBIT), 9_700_000);
+        // Falls by at most half a tick.
+        assert_eq!(fair_share(10 * MBIT, true, 0, 4, 0, 4 * MBIT), 2_500_000);
+        assert_eq!(fair_share(10 * MBIT, true, 0, 8, 0, 4 * MBIT), 2 * MBIT);
         // No queue: no limit.
-        assert_eq!(fair_share(10 * MBIT, false, 0, 3, 4, 2 * MBIT), 10 * MBIT);
-        // Converges: one host of 8 connections and one of 1, both greedy; whatever the share,
-        // each tick's answer is 5.
-        assert_eq!(fair_share(10 * MBIT, true, 0, 2, 2, 5 * MBIT), 5 * MBIT);
+        assert_eq!(fair_share(10 * MBIT, false, 0, 3, 1, 2 * MBIT), 10 * MBIT);
     }
 
     #[test]

@@ -377,7 +377,8 @@ fn pace(s: &mut ClassState, bytes: u64, now: u64, horizon: u64, flow_last: Optio
         return None;
     }
     s.counters.idle_packets += 1;
-    s.next = now + cost;
+    // A clock that fell behind restarts up to one full frame before now (`burst_ns`).
+    s.next = s.next.max(now.saturating_sub(FULL_FRAME * SECOND / s.rate)) + cost;
     Some(now)
 }
 

@@ -40,24 +40,29 @@ const CAS_ATTEMPTS: usize = 4;
 
 /// Paces one packet: takes a slot of `cost` ns (its wire length over the class's rate) on
 /// the clock at `next`. `t0` is the earliest the packet may leave (now, or a later departure
-/// time an upper layer already set), `now` the current CLOCK_MONOTONIC time.
+/// time an upper layer already set), `now` the current CLOCK_MONOTONIC time. A clock that
+/// fell behind restarts up to `burst` ns before `t0`: a class that was idle (or sent below
+/// its rate) may send that much at once, as HTB's burst lets it (a stream's packets that
+/// its sender bunched pass without a queue).
 ///
 /// # Safety
 /// `next` must point into a map value that stays valid for the call.
 #[inline(always)]
-pub unsafe fn take_slot(next: *mut u64, cost: u64, t0: u64, now: u64, horizon: u64) -> Verdict {
+pub unsafe fn take_slot(next: *mut u64, cost: u64, t0: u64, now: u64, horizon: u64, burst: u64) -> Verdict {
     for _ in 0..CAS_ATTEMPTS {
         // SAFETY: `next` is valid (caller) and 8-byte aligned (map value of u64 fields).
         let last = unsafe { core::ptr::read_volatile(next) };
         if last > t0 {
             break;
         }
-        // The class is idle: the packet may leave at t0, and the clock restarts from there.
+        // The class is idle: the packet may leave at t0, and the clock restarts from there
+        // (or up to `burst` before).
         if t0 - now > horizon {
             return Verdict::Horizon;
         }
+        let start = if last + burst > t0 { last } else { t0 - burst };
         // SAFETY: as above.
-        let swapped = unsafe { cas(next, last, t0 + cost) };
+        let swapped = unsafe { cas(next, last, start + cost) };
         if swapped {
             return Verdict::Send { depart: t0, cost, idle: true };
         }

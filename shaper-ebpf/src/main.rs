@@ -249,7 +249,9 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
         return sent.record(stats, t0);
     }
     // SAFETY: `state` points into an array map value that lives as long as the map.
-    let edt::Verdict::Send { depart, cost, idle } = (unsafe { edt::take_slot(next, cost, t0, now, horizon) }) else {
+    let edt::Verdict::Send { depart, cost, idle } =
+        (unsafe { edt::take_slot(next, cost, t0, now, horizon, config.burst_ns) })
+    else {
         return horizon_drop(stats, bytes, segs);
     };
     if idle {
@@ -296,7 +298,8 @@ enum Share {
 
 /// Isolation inside a class: each host (or flow) has a clock at its fair share of the class's
 /// rate (`share_bytes`, which the daemon re-estimates every tick as max-min fairness has it:
-/// what the hosts within their share leave, divided among the hosts over it). Packets still
+/// what the light hosts leave, divided among the hosts that contend for it, those over their
+/// share and those near it). Packets still
 /// leave in the order the class clock gives them; the host clock only decides who is told to
 /// slow down: the AQM's congestion signals go to the packets of hosts whose clock runs ahead
 /// of now (more than `share_slack_ns`), and a host whose clock runs more than
@@ -327,7 +330,7 @@ fn share(config: &ClassConfig, host: &[u8; 16], class_hash: u64, bytes: u64, sta
         None => {
             // Last counted in the epoch before this one: it is counted now.
             let before = epoch.wrapping_sub(1);
-            let _ = HOSTS.insert(key, &HostState { next_ns: 0, seen_epoch: before, over_epoch: before }, 0);
+            let _ = HOSTS.insert(key, &HostState { next_ns: 0, near_epoch: before, over_epoch: before }, 0);
             match HOSTS.get_ptr_mut(key) {
                 Some(p) => p,
                 None => return Share::Over,
@@ -338,10 +341,8 @@ fn share(config: &ClassConfig, host: &[u8; 16], class_hash: u64, bytes: u64, sta
     // same host at once may lose one packet's cost on its clock, which only shifts it by a
     // packet.
     let st = unsafe { &mut *entry };
-    if st.seen_epoch != epoch {
-        st.seen_epoch = epoch;
-        stats.hosts_seen += 1;
-    }
+    // Near its share: its clock not further behind now than a couple of packets at the share.
+    let near = st.next_ns + config.share_near_ns >= now;
     let start = if st.next_ns > now { st.next_ns } else { now };
     let ahead = start - now;
     if ahead > config.share_horizon_ns {
@@ -355,7 +356,15 @@ fn share(config: &ClassConfig, host: &[u8; 16], class_hash: u64, bytes: u64, sta
         }
         Share::Over
     } else {
-        stats.share_under_bytes += bytes;
+        // A host already counted over its share in this epoch is not counted again.
+        if near && st.over_epoch != epoch {
+            if st.near_epoch != epoch {
+                st.near_epoch = epoch;
+                stats.hosts_near += 1;
+            }
+        } else {
+            stats.share_under_bytes += bytes;
+        }
         Share::Within
     }
 }
