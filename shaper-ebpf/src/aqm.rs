@@ -51,12 +51,20 @@ fn control_law(interval: u64, count: u64) -> u64 {
     (interval * factor) >> 16
 }
 
-/// Runs CoDel for one packet that will wait `delay` ns.
+/// Runs CoDel for one packet that will wait `delay` ns; `eligible`: whether the packet may
+/// carry a congestion signal (see the datapath's isolation).
 ///
 /// # Safety
 /// `state` must point into a map value that stays valid for the call.
 #[inline(always)]
-pub unsafe fn codel(state: *mut ClassState, delay: u64, now: u64, target: u64, interval: u64) -> Signal {
+pub unsafe fn codel(
+    state: *mut ClassState,
+    delay: u64,
+    now: u64,
+    target: u64,
+    interval: u64,
+    eligible: bool,
+) -> Signal {
     // SAFETY: valid (caller); the fields are 8-byte aligned u64s.
     let (first_above, drop_next, count, dropping) = unsafe {
         (
@@ -88,7 +96,9 @@ pub unsafe fn codel(state: *mut ClassState, delay: u64, now: u64, target: u64, i
         unsafe { cas(first_above, 0, now + interval) };
         return Signal::None;
     }
-    if now < above_since {
+    // A packet that may not carry a signal (its host is within its fair share) leaves the
+    // state as it is: the signal due goes to the next packet that may.
+    if now < above_since || !eligible {
         return Signal::None;
     }
     // SAFETY: as above.

@@ -258,10 +258,11 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
         stats.idle_packets += segs;
     }
     if config.codel_target_ns != 0 {
-        // SAFETY: as above.
-        let signal = unsafe { aqm::codel(state, depart - now, now, config.codel_target_ns, config.codel_interval_ns) };
         // With isolation, only the hosts over their fair share are told to slow down.
-        if let (aqm::Signal::Congested, true) = (signal, over) {
+        // SAFETY: as above.
+        let signal =
+            unsafe { aqm::codel(state, depart - now, now, config.codel_target_ns, config.codel_interval_ns, over) };
+        if let aqm::Signal::Congested = signal {
             if mark_ce(ctx, ip) {
                 stats.ecn_marked_packets += segs;
             } else {

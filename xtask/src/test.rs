@@ -25,7 +25,7 @@ const VM_TEST_TARGET: &str = "vm";
 #[derive(Args, Debug)]
 pub struct TestArgs {
     /// Kill the VM running the VM tests after this many seconds.
-    #[arg(long, default_value_t = 2400)]
+    #[arg(long, default_value_t = 3600)]
     pub vm_timeout: u64,
 }
 
