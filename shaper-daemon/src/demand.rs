@@ -25,7 +25,8 @@
 //!   counts packets when it paces them, so the counters give the arrival rate.
 //! - A class that is not limited wants what it offered over [`RATE_WINDOW_NS`] (or over the
 //!   last 100 ms, if more: a class limited a moment ago sends at its new rate; or if less than
-//!   half: a class that stopped gives its share back at once) plus
+//!   half: a class that stopped gives its share back at once; nothing, after a silence of
+//!   four frames' time at its rate and 20 ms) plus
 //!   [`HEADROOM_PERCENT`], so that its own jitter does not queue it; a new demand within a
 //!   dead band around the last one keeps the last one, so that a steady sender's allocation
 //!   (and so its borrowers') does not follow the window's sampling noise (packets entering
@@ -61,6 +62,9 @@ pub const DEAD_BAND_HIGH_PERCENT: u64 = 4;
 /// A limited class's first growth step, as a divisor: `1 + 1/16`; each further limited tick
 /// doubles the step, up to doubling the rate.
 const FIRST_GROWTH_DIVISOR: u64 = 16;
+/// A class that sent nothing for this long (or four frames' time at its rate, if longer)
+/// wants nothing.
+const SILENCE_NS: u64 = 20_000_000;
 /// A limited class is given at least what drains its queue within this long.
 const DRAIN_NS: u64 = 100_000_000;
 /// A full-size Ethernet frame, in bits.
@@ -164,8 +168,20 @@ impl Estimator {
             let lately =
                 self.window_start(o.now_ns, recent_window(o.pacing)).map_or(offered, |s| Self::rate_since(s, o));
             // And a class that has (nearly) stopped gives its share back at once, rather
-            // than as its long window empties (an on/off sender, off).
-            let offered = if lately < offered / 2 { lately } else { offered.max(lately) };
+            // than as its long window empties (an on/off sender, off); one that sent nothing
+            // for four frames' time at the rate it had (and 20 ms), all of it.
+            let silence = saturate(u128::from(4 * FRAME_BITS) * 1_000_000_000 / u128::from(offered.max(1)))
+                .clamp(SILENCE_NS, RATE_WINDOW_NS);
+            let silent = self
+                .window_start(o.now_ns, silence)
+                .is_some_and(|(_, (c0, _))| c0.offered_bytes == o.counters.offered_bytes);
+            let offered = if silent {
+                0
+            } else if lately < offered / 2 {
+                lately
+            } else {
+                offered.max(lately)
+            };
             let low = percent_over(offered, DEAD_BAND_LOW_PERCENT);
             let high = percent_over(offered, DEAD_BAND_HIGH_PERCENT).saturating_add(HEADROOM_FLOOR);
             if (low..=high).contains(&self.demand) {
