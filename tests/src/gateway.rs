@@ -350,7 +350,8 @@ pub fn iperf_result(client: Child) -> IperfResult {
 /// the wire (as shaper and the qdiscs count it: no preamble, no FCS).
 pub const UDP_WIRE_HEADERS: usize = 14 + 20 + 8;
 
-/// `CLOCK_MONOTONIC` in seconds: the clock of [`Arrivals`] and of the UDP tool's schedule.
+/// `CLOCK_MONOTONIC` in seconds: the clock of [`Arrivals`], [`UdpLoad`] schedules and
+/// [`Topology::link_meter`] windows.
 #[must_use]
 pub fn monotonic_secs() -> f64 {
     Duration::from_nanos(crate::monotonic_ns()).as_secs_f64()
@@ -431,117 +432,60 @@ pub fn htb_fq_codel_commands(config: &shaper::config::Config, dev: &str) -> Vec<
     cmds
 }
 
-/// A small Python program for UDP loads iperf3 cannot make (`python3` is on the host, and so
-/// in the VM, which sees the host's root):
-/// - `send {json}`: one socket per destination port, bound to `src`; datagrams of `payload`
-///   bytes, `pps_per_flow` per flow, the flows' sends spread evenly in time; with `on` and
-///   `period` it sends only during the first `on` seconds of every `period`. Prints its
-///   schedule's start (`CLOCK_MONOTONIC`) and how late it fell behind.
-/// - `recv {json}`: one socket per port; prints `ready` once bound, then after `seconds` the
-///   kernel's receive timestamp (converted to `CLOCK_MONOTONIC`) and size of every datagram,
-///   so that a slow receiver under emulation still reports when each one arrived.
-pub const UDP_TOOL: &str = r#"
-import json, math, select, socket, struct, sys, time
+// ---- Traffic and counters from threads inside the namespaces. In the VM's emulation a
+// process start costs from a fifth of a second (`ip`) to 15 s (`python3`, over 9p), and its
+// reading would be stamped that loosely; a thread that entered the namespace reads a
+// counter in microseconds. ----
 
-SO_RCVBUFFORCE = 33
-SO_TIMESTAMPNS = 35
+/// Moves the calling thread into the network namespace `name` (as [`Netns::enter`]).
+fn enter_netns(name: &str) {
+    let path = format!("/run/netns/{name}");
+    let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
+    // SAFETY: setns(2) on a valid network namespace file descriptor; it changes only this thread.
+    let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "entering {name}: {}", std::io::Error::last_os_error());
+}
 
-def send(cfg):
-    ports = cfg["ports"]
-    socks = []
-    for _ in ports:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.bind((cfg["src"], 0))
-        socks.append(s)
-    data = b"\xab" * cfg["payload"]
-    gap = 1.0 / (cfg["pps_per_flow"] * len(socks))
-    on, period = cfg.get("on"), cfg.get("period")
-    t0 = time.monotonic() + 0.05
-    end = t0 + cfg["seconds"]
-    k = sent = late = errors = 0
-    max_lag = 0.0
-    while True:
-        t = t0 + k * gap
-        if t >= end:
-            break
-        if period and (t - t0) % period >= on:
-            nxt = (math.floor((t - t0) / period) + 1) * period
-            k = max(k + 1, math.ceil(nxt / gap - 1e-9))
-            continue
-        now = time.monotonic()
-        if t > now:
-            time.sleep(t - now)
-        else:
-            max_lag = max(max_lag, now - t)
-            late += now - t > 0.01
-        i = k % len(socks)
-        try:
-            socks[i].sendto(data, (cfg["dst"], ports[i]))
-            sent += 1
-        except OSError:
-            errors += 1
-        k += 1
-    print(json.dumps({"t0": t0, "sent": sent, "late": late, "max_lag": max_lag, "errors": errors}), flush=True)
+/// Runs `f` on a new thread inside `ns`.
+fn spawn_in<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
+    let name = ns.name.clone();
+    std::thread::spawn(move || {
+        enter_netns(&name);
+        f()
+    })
+}
 
-def recv(cfg):
-    offset = time.time() - time.monotonic()
-    ep = select.epoll()
-    socks = {}
-    for p in cfg["ports"]:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 8 << 20)
-        s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        s.bind((cfg["addr"], p))
-        s.setblocking(False)
-        ep.register(s.fileno(), select.EPOLLIN)
-        socks[s.fileno()] = s
-    print("ready", flush=True)
-    times, sizes = [], []
-    end = time.monotonic() + cfg["seconds"]
-    while True:
-        left = end - time.monotonic()
-        if left <= 0:
-            break
-        for fd, _ in ep.poll(min(left, 0.2)):
-            s = socks[fd]
-            while True:
-                try:
-                    msg, anc, _, _ = s.recvmsg(65536, 64)
-                except BlockingIOError:
-                    break
-                ts = None
-                for level, kind, d in anc:
-                    if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-                        sec, nsec = struct.unpack("qq", d[:16])
-                        ts = sec + nsec * 1e-9 - offset
-                times.append(round(ts if ts is not None else time.monotonic(), 6))
-                sizes.append(len(msg))
-    print(json.dumps({"times": times, "sizes": sizes}), flush=True)
+/// Sleeps until `CLOCK_MONOTONIC` reads `t` seconds.
+pub fn sleep_until(t: f64) {
+    let left = t - monotonic_secs();
+    if left > 0.0 {
+        sleep(Duration::from_secs_f64(left));
+    }
+}
 
-{"send": send, "recv": recv}[sys.argv[1]](json.loads(sys.argv[2]))
-"#;
+fn realtime_secs() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_secs_f64()
+}
 
-/// A paced UDP load from [`UDP_TOOL`].
+/// A paced UDP load: one socket per destination port on the server, all bound to `src`.
 #[derive(Clone, Debug)]
 pub struct UdpLoad {
     /// Source address (in the LAN namespace).
     pub src: String,
-    /// One flow (socket) per destination port on the server.
+    /// One flow (socket) per destination port.
     pub ports: Vec<u16>,
     /// Payload bytes per datagram.
     pub payload: usize,
-    /// Datagrams per second per flow (while on).
+    /// Datagrams per second per flow (while on); the flows' sends are spread evenly in time.
     pub pps_per_flow: f64,
-    /// `(on, period)` seconds: send during the first `on` seconds of each `period`.
+    /// `(on, period)` seconds: send only during the first `on` seconds of each `period`.
     pub on_off: Option<(f64, f64)>,
     pub seconds: f64,
 }
 
-/// What a [`UdpLoad`]'s sender reports when it is done.
-#[derive(Clone, Copy, Debug)]
+/// What a [`UdpLoad`]'s sender did.
+#[derive(Clone, Copy, Debug, Default)]
 pub struct UdpSent {
-    /// When its schedule began (`CLOCK_MONOTONIC`, seconds).
-    pub t0: f64,
     pub sent: u64,
     /// Sends more than 10 ms behind the schedule, and the worst lag (seconds).
     pub late: u64,
@@ -577,58 +521,335 @@ impl Arrivals {
     }
 }
 
-/// A running [`UDP_TOOL`] receiver.
+/// A receiver started by [`Topology::udp_receiver`].
 pub struct UdpReceiver {
-    child: Child,
-    stdout: std::io::BufReader<std::process::ChildStdout>,
+    handle: std::thread::JoinHandle<Arrivals>,
 }
 
 impl UdpReceiver {
-    /// Waits for the receiver's time to run out and returns what it got.
+    /// Waits until the receiver's time is up and returns what it got.
     #[must_use]
-    pub fn finish(mut self) -> Arrivals {
-        use std::io::Read as _;
-        let mut text = String::new();
-        self.stdout.read_to_string(&mut text).expect("reading the UDP receiver's report");
-        let status = self.child.wait().expect("waiting for the UDP receiver");
-        assert!(status.success(), "the UDP receiver exited with {status}: {text}");
-        let v: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("UDP receiver JSON: {e}: {text}"));
-        let times = v["times"].as_array().expect("times").iter().map(|t| t.as_f64().expect("a time")).collect();
-        let sizes = v["sizes"]
-            .as_array()
-            .expect("sizes")
-            .iter()
-            .map(|s| usize::try_from(s.as_u64().expect("a size")).expect("a size"))
-            .collect();
-        Arrivals { times, sizes }
+    pub fn finish(self) -> Arrivals {
+        self.handle.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
     }
 }
 
-/// Waits for a [`UDP_TOOL`] sender and returns its report.
-#[must_use]
-pub fn udp_sent(sender: Child) -> UdpSent {
-    let out = sender.wait_with_output().expect("waiting for the UDP sender");
-    assert!(
-        out.status.success(),
-        "the UDP sender exited with {}: {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("UDP sender JSON: {e}: {}", String::from_utf8_lossy(&out.stdout)));
-    let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
-    UdpSent {
-        t0: v["t0"].as_f64().expect("t0"),
-        sent: n("sent"),
-        late: n("late"),
-        max_lag: v["max_lag"].as_f64().expect("max_lag"),
-        errors: n("errors"),
+/// Sends `load` from the calling thread (inside the LAN namespace), its schedule starting at
+/// `start` (`CLOCK_MONOTONIC`, seconds).
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "datagram indexes of a schedule of seconds"
+)]
+fn send_udp(load: &UdpLoad, start: f64) -> UdpSent {
+    let socks: Vec<std::net::UdpSocket> = load
+        .ports
+        .iter()
+        .map(|_| {
+            std::net::UdpSocket::bind((load.src.as_str(), 0)).unwrap_or_else(|e| panic!("binding {}: {e}", load.src))
+        })
+        .collect();
+    let data = vec![0xab; load.payload];
+    let flows = u32::try_from(socks.len()).expect("flows");
+    let gap = 1.0 / (load.pps_per_flow * f64::from(flows));
+    let end = start + load.seconds;
+    let mut out = UdpSent::default();
+    let mut k: u32 = 0;
+    loop {
+        let t = start + f64::from(k) * gap;
+        if t >= end {
+            break;
+        }
+        if let Some((on, period)) = load.on_off {
+            if (t - start) % period >= on {
+                let next = (((t - start) / period).floor() + 1.0) * period;
+                k = (k + 1).max((next / gap - 1e-9).ceil() as u32);
+                continue;
+            }
+        }
+        let now = monotonic_secs();
+        if t > now {
+            sleep(Duration::from_secs_f64(t - now));
+        } else {
+            out.max_lag = out.max_lag.max(now - t);
+            out.late += u64::from(now - t > 0.01);
+        }
+        let i = (k % flows) as usize;
+        match socks[i].send_to(&data, (SERVER, load.ports[i])) {
+            Ok(_) => out.sent += 1,
+            Err(_) => out.errors += 1,
+        }
+        k += 1;
     }
+    out
+}
+
+fn setsockopt_int(fd: std::os::fd::RawFd, level: i32, name: i32, value: i32) {
+    // SAFETY: setsockopt(2) with a pointer to an int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&raw const value).cast(),
+            libc::socklen_t::try_from(std::mem::size_of::<i32>()).expect("4"),
+        )
+    };
+    assert_eq!(rc, 0, "setsockopt({level}, {name}): {}", std::io::Error::last_os_error());
+}
+
+/// Receives on `socks` (non-blocking, with `SO_TIMESTAMPNS`) until `until`.
+#[expect(clippy::cast_precision_loss, clippy::cast_possible_truncation, reason = "timestamps and a poll timeout")]
+fn receive_udp(socks: &[std::net::UdpSocket], until: f64) -> Arrivals {
+    use std::os::fd::AsRawFd as _;
+    // Kernel timestamps are CLOCK_REALTIME; the two clocks run at the same rate here.
+    let offset = realtime_secs() - monotonic_secs();
+    let mut fds: Vec<libc::pollfd> =
+        socks.iter().map(|s| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+    let mut arrivals = Arrivals::default();
+    let mut buf = vec![0u8; 65536];
+    let mut control = [0u64; 16];
+    loop {
+        let left = until - monotonic_secs();
+        if left <= 0.0 {
+            break;
+        }
+        let timeout = (left.min(0.1) * 1e3).ceil() as i32;
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+        if n <= 0 {
+            continue;
+        }
+        for pfd in &fds {
+            if pfd.revents & libc::POLLIN == 0 {
+                continue;
+            }
+            loop {
+                let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+                // SAFETY: an all-zero msghdr is valid (no name, no buffers) before we fill it.
+                let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+                msg.msg_iov = &raw mut iov;
+                msg.msg_iovlen = 1;
+                msg.msg_control = control.as_mut_ptr().cast();
+                msg.msg_controllen = std::mem::size_of_val(&control);
+                // SAFETY: `msg` points at `iov`, `buf` and `control`, all alive for the call.
+                let len = unsafe { libc::recvmsg(pfd.fd, &raw mut msg, libc::MSG_DONTWAIT) };
+                let Ok(len) = usize::try_from(len) else { break };
+                let mut at = None;
+                // SAFETY: walks the control messages the kernel wrote into `control`, within
+                // `msg.msg_controllen`, with the libc macros that bound-check each header.
+                unsafe {
+                    let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
+                    while !c.is_null() {
+                        if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                            let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                            at = Some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9 - offset);
+                        }
+                        c = libc::CMSG_NXTHDR(&raw const msg, c);
+                    }
+                }
+                arrivals.times.push(at.unwrap_or_else(monotonic_secs));
+                arrivals.sizes.push(len);
+            }
+        }
+    }
+    arrivals
+}
+
+/// What the gateway's root qdisc on an interface sent over a window, and how busy the VM's
+/// CPUs were meanwhile.
+#[derive(Clone, Copy, Debug)]
+pub struct LinkWindow {
+    /// Bits per second the root qdisc sent (its `Sent` counter: what left, each segment of a
+    /// GSO packet counted with its headers).
+    pub bits_per_second: f64,
+    /// Fraction of the CPUs' time not idle (all CPUs, from /proc/stat).
+    pub cpu_busy: f64,
+}
+
+impl LinkWindow {
+    #[expect(clippy::cast_precision_loss, reason = "a rate and a fraction for reports")]
+    fn new(bytes: u64, seconds: f64, busy: u64, idle: u64) -> Self {
+        Self { bits_per_second: bytes as f64 * 8.0 / seconds, cpu_busy: busy as f64 / (busy + idle).max(1) as f64 }
+    }
+}
+
+/// (busy, idle) jiffies of all CPUs.
+fn cpu_jiffies() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").expect("reading /proc/stat");
+    let line = stat.lines().next().expect("the cpu line");
+    let v: Vec<u64> = line.split_whitespace().skip(1).map(|x| x.parse().expect("a number")).collect();
+    // user nice system idle iowait irq softirq steal
+    (v[0] + v[1] + v[2] + v[5] + v[6] + v.get(7).copied().unwrap_or(0), v[3] + v[4])
+}
+
+const NLMSG_HDR: usize = 16;
+
+/// Sends one netlink dump request (`msg_type`, with `body` after the header) on a new
+/// `protocol` socket of the calling thread's namespace; returns each reply's type and body.
+fn netlink_dump(protocol: i32, msg_type: u16, body: &[u8]) -> Vec<(u16, Vec<u8>)> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    // SAFETY: socket(2) with constant arguments; the descriptor is owned right below.
+    let raw = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, protocol) };
+    assert!(raw >= 0, "netlink socket: {}", std::io::Error::last_os_error());
+    // SAFETY: `raw` is a fresh descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let len = u32::try_from(NLMSG_HDR + body.len()).expect("a small request");
+    let flags = u16::try_from(libc::NLM_F_REQUEST | libc::NLM_F_DUMP).expect("flags");
+    let mut req = Vec::new();
+    req.extend_from_slice(&len.to_ne_bytes());
+    req.extend_from_slice(&msg_type.to_ne_bytes());
+    req.extend_from_slice(&flags.to_ne_bytes());
+    req.extend_from_slice(&1u32.to_ne_bytes());
+    req.extend_from_slice(&0u32.to_ne_bytes());
+    req.extend_from_slice(body);
+    // SAFETY: send(2) of an initialised buffer; an unbound netlink socket sends to the kernel.
+    let sent = unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
+    assert_eq!(usize::try_from(sent).ok(), Some(req.len()), "netlink send: {}", std::io::Error::last_os_error());
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        // SAFETY: recv(2) into a buffer of that length.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        let n = usize::try_from(n).unwrap_or_else(|_| panic!("netlink recv: {}", std::io::Error::last_os_error()));
+        let mut at = 0;
+        while at + NLMSG_HDR <= n {
+            let mlen = u32::from_ne_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
+            let mtype = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().expect("2 bytes"));
+            if mtype == u16::try_from(libc::NLMSG_DONE).expect("a type") {
+                return out;
+            }
+            let payload = &buf[at + NLMSG_HDR..at + mlen];
+            if mtype == u16::try_from(libc::NLMSG_ERROR).expect("a type") {
+                let errno = i32::from_ne_bytes(payload[..4].try_into().expect("4 bytes"));
+                assert_eq!(errno, 0, "netlink: {}", std::io::Error::from_raw_os_error(-errno));
+                return out;
+            }
+            out.push((mtype, payload.to_vec()));
+            at += (mlen + 3) & !3;
+        }
+    }
+}
+
+/// The netlink attributes in `data`: (type without flags, payload).
+fn attributes(mut data: &[u8]) -> Vec<(u16, &[u8])> {
+    let mut out = Vec::new();
+    while data.len() >= 4 {
+        let len = usize::from(u16::from_ne_bytes([data[0], data[1]]));
+        let kind = u16::from_ne_bytes([data[2], data[3]]) & 0x3fff;
+        if len < 4 || len > data.len() {
+            break;
+        }
+        out.push((kind, &data[4..len]));
+        data = &data[((len + 3) & !3).min(data.len())..];
+    }
+    out
+}
+
+/// Bytes sent by the root qdisc of interface `ifindex` in the calling thread's namespace.
+fn root_qdisc_bytes(ifindex: i32) -> u64 {
+    const TCA_STATS: u16 = 3;
+    const TCA_STATS2: u16 = 7;
+    const TCA_STATS_BASIC: u16 = 1;
+    let mut tcmsg = [0u8; 20];
+    tcmsg[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+    for (kind, m) in netlink_dump(libc::NETLINK_ROUTE, libc::RTM_GETQDISC, &tcmsg) {
+        let ifi = i32::from_ne_bytes(m[4..8].try_into().expect("4 bytes"));
+        let parent = u32::from_ne_bytes(m[12..16].try_into().expect("4 bytes"));
+        if kind != libc::RTM_NEWQDISC || ifi != ifindex || parent != u32::MAX {
+            continue;
+        }
+        let attrs = attributes(&m[20..]);
+        let basic = attrs
+            .iter()
+            .filter(|(k, _)| *k == TCA_STATS2)
+            .flat_map(|(_, nested)| attributes(nested))
+            .find(|(k, _)| *k == TCA_STATS_BASIC)
+            .map(|(_, b)| b)
+            .or_else(|| attrs.iter().find(|(k, _)| *k == TCA_STATS).map(|(_, b)| *b));
+        let b = basic.unwrap_or_else(|| panic!("no statistics for the root qdisc of interface {ifindex}"));
+        return u64::from_ne_bytes(b[..8].try_into().expect("8 bytes"));
+    }
+    panic!("no root qdisc on interface {ifindex}");
+}
+
+/// One established TCP connection of a namespace, as `sock_diag` reports it (`ss -ti`).
+#[derive(Clone, Copy, Debug)]
+pub struct TcpConnection {
+    pub sport: u16,
+    pub dport: u16,
+    /// Smoothed RTT, milliseconds (`ss`'s `rtt:`).
+    pub srtt_ms: f64,
+    pub bytes_acked: u64,
+}
+
+/// The established IPv4 TCP connections of the calling thread's network namespace.
+#[must_use]
+pub fn tcp_connections() -> Vec<TcpConnection> {
+    const SOCK_DIAG_BY_FAMILY: u16 = 20;
+    const INET_DIAG_INFO: u16 = 2;
+    const TCP_ESTABLISHED: u32 = 1;
+    const INET_DIAG_MSG: usize = 72;
+    // struct inet_diag_req_v2: family, protocol, ext (bit INET_DIAG_INFO - 1), pad, states,
+    // then a socket id (ignored by a dump).
+    let mut req = [0u8; 56];
+    req[0] = u8::try_from(libc::AF_INET).expect("a family");
+    req[1] = u8::try_from(libc::IPPROTO_TCP).expect("a protocol");
+    req[2] = 1 << (INET_DIAG_INFO - 1);
+    req[4..8].copy_from_slice(&(1u32 << TCP_ESTABLISHED).to_ne_bytes());
+    let rtt = std::mem::offset_of!(libc::tcp_info, tcpi_rtt);
+    let acked = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_acked);
+    netlink_dump(libc::NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, &req)
+        .into_iter()
+        .filter(|(kind, m)| *kind == SOCK_DIAG_BY_FAMILY && m.len() >= INET_DIAG_MSG)
+        .filter_map(|(_, m)| {
+            let sport = u16::from_be_bytes([m[4], m[5]]);
+            let dport = u16::from_be_bytes([m[6], m[7]]);
+            let info = attributes(&m[INET_DIAG_MSG..]).into_iter().find(|(k, _)| *k == INET_DIAG_INFO)?.1.to_vec();
+            (info.len() >= acked + 8).then(|| TcpConnection {
+                sport,
+                dport,
+                srtt_ms: f64::from(u32::from_ne_bytes(info[rtt..rtt + 4].try_into().expect("4 bytes"))) / 1e3,
+                bytes_acked: u64::from_ne_bytes(info[acked..acked + 8].try_into().expect("8 bytes")),
+            })
+        })
+        .collect()
+}
+
+/// Local TCP ports in the listening state in the calling thread's namespace.
+fn listening_ports() -> Vec<u16> {
+    let mut ports = Vec::new();
+    for file in ["/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"] {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() > 3 && f[3] == "0A" {
+                if let Some(port) = f[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) {
+                    ports.push(port);
+                }
+            }
+        }
+    }
+    ports
 }
 
 impl Topology {
-    /// Runs tc (or any) commands, given as whole command lines, in the gateway.
+    /// Delays the server's TCP packets (the clients' flows' ACKs) by `ms` milliseconds, as
+    /// `latency_run` in the VM tests does: the clients' TCP flows then see an internet round
+    /// trip, the pace CoDel's 100 ms interval is designed for, instead of the VM's fraction
+    /// of a millisecond (with which one flow's window is a few packets, and a single CE mark
+    /// leaves the link idle). Pings and UDP are not delayed.
+    pub fn delay_server_tcp(&self, ms: u32) {
+        let delay = format!("{ms}ms");
+        self.srv.sh(&["tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "prio"]);
+        self.srv.sh(&["tc", "qdisc", "add", "dev", "eth0", "parent", "1:3", "handle", "30:", "netem", "delay", &delay]);
+        self.srv.sh(&[
+            "tc", "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match", "ip",
+            "protocol", "6", "0xff", "flowid", "1:3",
+        ]);
+    }
+
+    /// Runs command lines (split at whitespace) in the gateway, panicking if one fails.
     pub fn gw_script(&self, cmds: &[String]) {
         for cmd in cmds {
             let args: Vec<&str> = cmd.split_whitespace().collect();
@@ -636,69 +857,101 @@ impl Topology {
         }
     }
 
-    /// Bytes the root qdisc of `dev` in the gateway has sent (its `Sent` counter: what left,
-    /// counting every segment's headers of a GSO packet), and when it was read
+    /// Starts one-shot iperf3 servers (as [`Self::iperf_server`]) on all `ports` at once and
+    /// waits until they all listen.
+    #[must_use]
+    pub fn iperf_servers(&self, ports: &[u16]) -> Vec<Child> {
+        let mut children: Vec<Child> = ports
+            .iter()
+            .map(|port| {
+                self.srv
+                    .command("iperf3")
+                    .args(["-s", "-1", "-J", "-i", "0.5", "-p", &port.to_string()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("starting iperf3 -s")
+            })
+            .collect();
+        let wanted = ports.to_vec();
+        let listening = spawn_in(&self.srv, move || {
+            let deadline = monotonic_secs() + 20.0;
+            loop {
+                let open = listening_ports();
+                if wanted.iter().all(|p| open.contains(p)) {
+                    return true;
+                }
+                if monotonic_secs() > deadline {
+                    return false;
+                }
+                sleep(Duration::from_millis(20));
+            }
+        });
+        if !listening.join().expect("waiting for the iperf3 servers") {
+            for c in &mut children {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            panic!("iperf3 -s on ports {ports:?} did not all start listening within 20 s");
+        }
+        children
+    }
+
+    /// Starts a UDP receiver on the server's `ports` (one socket each) until `until`
+    /// (`CLOCK_MONOTONIC`, seconds); returns once they are bound.
+    #[must_use]
+    pub fn udp_receiver(&self, ports: &[u16], until: f64) -> UdpReceiver {
+        use std::os::fd::AsRawFd as _;
+        let ports = ports.to_vec();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let handle = spawn_in(&self.srv, move || {
+            let socks: Vec<std::net::UdpSocket> = ports
+                .iter()
+                .map(|&p| {
+                    let s =
+                        std::net::UdpSocket::bind((SERVER, p)).unwrap_or_else(|e| panic!("binding UDP port {p}: {e}"));
+                    s.set_nonblocking(true).expect("non-blocking");
+                    setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 8 << 20);
+                    setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1);
+                    s
+                })
+                .collect();
+            let _ = ready_tx.send(());
+            receive_udp(&socks, until)
+        });
+        if ready_rx.recv().is_err() {
+            std::panic::resume_unwind(handle.join().expect_err("the receiver stopped before it was ready"));
+        }
+        UdpReceiver { handle }
+    }
+
+    /// Sends `load` from the LAN namespace, its schedule starting at `start`
     /// (`CLOCK_MONOTONIC`, seconds).
     #[must_use]
-    pub fn root_qdisc_bytes(&self, dev: &str) -> (u64, f64) {
-        let before = monotonic_secs();
-        let out = self.gw.sh(&["tc", "-s", "-j", "qdisc", "show", "dev", dev]);
-        let at = f64::midpoint(before, monotonic_secs());
-        let v: Value = serde_json::from_slice(&out.stdout).expect("tc JSON");
-        let root = v
-            .as_array()
-            .and_then(|q| q.iter().find(|q| q["root"] == true))
-            .unwrap_or_else(|| panic!("no root qdisc on {dev}: {v}"));
-        (root["bytes"].as_u64().unwrap_or_else(|| panic!("no byte count in {root}")), at)
+    pub fn udp_sender(&self, load: UdpLoad, start: f64) -> std::thread::JoinHandle<UdpSent> {
+        spawn_in(&self.lan, move || send_udp(&load, start))
     }
 
-    fn udp_tool(&self) -> PathBuf {
-        let path = self.dir.join("udp_tool.py");
-        if !path.is_file() {
-            std::fs::write(&path, UDP_TOOL).expect("writing the UDP tool");
-        }
-        path
-    }
-
-    /// Starts a [`UDP_TOOL`] receiver on `ports` of the server for `seconds`; returns once
-    /// it listens.
+    /// Measures what the gateway's root qdisc on `dev` sends within `[from, to]`
+    /// (`CLOCK_MONOTONIC`, seconds), and the CPUs' load meanwhile.
     #[must_use]
-    pub fn udp_receiver(&self, ports: &[u16], seconds: f64) -> UdpReceiver {
-        use std::io::BufRead as _;
-        let cfg = serde_json::json!({ "addr": SERVER, "ports": ports, "seconds": seconds });
-        let mut child = self
-            .srv
-            .command("python3")
-            .arg(self.udp_tool())
-            .args(["recv", &cfg.to_string()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("starting the UDP receiver (python3)");
-        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped stdout"));
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("reading the UDP receiver");
-        assert_eq!(line.trim(), "ready", "the UDP receiver did not start: {line}");
-        UdpReceiver { child, stdout }
-    }
-
-    /// Starts a [`UDP_TOOL`] sender in the LAN namespace; [`udp_sent`] waits for it.
-    #[must_use]
-    pub fn udp_sender(&self, load: &UdpLoad) -> Child {
-        let mut cfg = serde_json::json!({
-            "src": load.src, "dst": SERVER, "ports": load.ports, "payload": load.payload,
-            "pps_per_flow": load.pps_per_flow, "seconds": load.seconds,
-        });
-        if let Some((on, period)) = load.on_off {
-            cfg["on"] = on.into();
-            cfg["period"] = period.into();
-        }
-        self.lan
-            .command("python3")
-            .arg(self.udp_tool())
-            .args(["send", &cfg.to_string()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting the UDP sender (python3)")
+    pub fn link_meter(&self, dev: &str, from: f64, to: f64) -> std::thread::JoinHandle<LinkWindow> {
+        let dev = std::ffi::CString::new(dev).expect("an interface name");
+        spawn_in(&self.gw, move || {
+            // SAFETY: if_nametoindex(3) on a NUL-terminated name.
+            let ifindex = unsafe { libc::if_nametoindex(dev.as_ptr()) };
+            assert_ne!(ifindex, 0, "no interface {dev:?} in the gateway");
+            let ifindex = i32::try_from(ifindex).expect("an interface index");
+            let read = || {
+                let before = monotonic_secs();
+                let bytes = root_qdisc_bytes(ifindex);
+                (bytes, f64::midpoint(before, monotonic_secs()), cpu_jiffies())
+            };
+            sleep_until(from);
+            let (b0, t0, (busy0, idle0)) = read();
+            sleep_until(to);
+            let (b1, t1, (busy1, idle1)) = read();
+            LinkWindow::new(b1 - b0, t1 - t0, busy1 - busy0, idle1 - idle0)
+        })
     }
 }

@@ -18,11 +18,18 @@ use std::{
 
 use shaper_tests::{
     gateway::{
-        goodput, receiver_intervals, require_fq, wire_rate, Topology, SERVER, UDP_PAYLOAD, WIRE_PER_GOODPUT,
-        WIRE_PER_UDP_GOODPUT,
+        goodput, htb_fq_codel_commands, receiver_intervals, require_fq, wire_rate, Topology, SERVER, UDP_PAYLOAD,
+        WIRE_PER_GOODPUT, WIRE_PER_UDP_GOODPUT,
     },
     sh, veth, Netns,
 };
+
+// A crate root looks for its modules beside it, not in `vm/`.
+#[path = "vm/sharing.rs"]
+mod sharing;
+
+#[path = "vm/isolation.rs"]
+mod isolation;
 
 fn topology(tag: &str, clients: &[&str]) -> Topology {
     Topology::new(tag, "lan0", "wan0", "10.1.0", clients)
@@ -260,11 +267,11 @@ fn fq_is_installed_over_the_kernel_default_and_restored() {
 // ---- Link sharing: seed 000 (link 10 mbit; alex 1.9, betty 2.9, carl 4.9 at prio 1; guest
 // 0.3 at prio 0; all ceil 10 mbit) ----
 
-const ROOMMATES: &str = include_str!("../../config/roommates.toml");
-const HOSTS: [&str; 4] = ["192.168.1.110", "192.168.1.111", "192.168.1.112", "192.168.1.113"];
+pub(crate) const ROOMMATES: &str = include_str!("../../config/roommates.toml");
+pub(crate) const HOSTS: [&str; 4] = ["192.168.1.110", "192.168.1.111", "192.168.1.112", "192.168.1.113"];
 const NAMES: [&str; 4] = ["alex", "betty", "carl", "guest"];
 
-fn roommates(tag: &str) -> Topology {
+pub(crate) fn roommates(tag: &str) -> Topology {
     Topology::new(tag, "home0", "lan0", "192.168.1", &HOSTS)
 }
 
@@ -402,50 +409,17 @@ fn check_rows(rows: &[Row], measured: &[[f64; 4]], label: &str) -> Vec<String> {
     failures
 }
 
-/// The HTB tree a hand-written tc script would build from `config` on `lan0`: one class per
-/// class (minor 10 + position), the same rates, ceilings and priorities, u32 filters on the
-/// rules' source addresses, unmatched traffic to the default class.
-fn htb_commands(config: &shaper::config::Config) -> Vec<String> {
-    let iface = &config.interfaces[0];
-    let minor = |name: &str| 10 + config.classes.iter().position(|c| c.name == name).unwrap();
-    let mut cmds = vec![
-        format!("tc qdisc add dev lan0 root handle 1: htb default {}", minor(&iface.default_class)),
-        format!("tc class add dev lan0 parent 1: classid 1:1 htb rate {0}bit ceil {0}bit", iface.rate.bits_per_sec()),
-    ];
-    for c in &config.classes {
-        let parent = c.parent.as_deref().map_or(1, minor);
-        cmds.push(format!(
-            "tc class add dev lan0 parent 1:{parent} classid 1:{} htb rate {}bit ceil {}bit prio {}",
-            minor(&c.name),
-            c.rate.bits_per_sec(),
-            c.ceil.bits_per_sec(),
-            c.prio
-        ));
-    }
-    for r in &config.rules {
-        if let Some(ipnet::IpNet::V4(src)) = r.src {
-            cmds.push(format!(
-                "tc filter add dev lan0 parent 1: protocol ip prio 1 u32 match ip src {src} flowid 1:{}",
-                minor(&r.class)
-            ));
-        }
-    }
-    cmds
-}
-
 fn seed_000_table(proto: Proto) {
     require_fq();
     let rows = seed_000_rows();
     if proto == Proto::Tcp {
-        // Linux HTB on the same topology and load, for comparison (reported, not asserted).
+        // Linux HTB + fq_codel on the same topology and load, for comparison (reported, not asserted).
         let topo = roommates("shaper-vm-seed-htb");
         let config = shaper::config::Config::parse(ROOMMATES, std::path::Path::new("roommates.toml")).unwrap();
-        for cmd in htb_commands(&config) {
-            let args: Vec<&str> = cmd.split_whitespace().collect();
-            topo.gw.sh(&args);
-        }
+        topo.gw_script(&htb_fq_codel_commands(&config, "lan0"));
         let measured = run_rows(&topo, &rows, proto, 6500);
-        let _ = check_rows(&rows, &measured, "Linux HTB from the same config, TCP (measured (expected) mbit/s)");
+        let _ =
+            check_rows(&rows, &measured, "Linux HTB + fq_codel from the same config, TCP (measured (expected) mbit/s)");
     }
     let tag = if proto == Proto::Tcp { "shaper-vm-seed-tcp" } else { "shaper-vm-seed-udp" };
     let topo = roommates(tag);
@@ -468,7 +442,7 @@ fn seed_000_shares_with_udp() {
 // ---- Latency under load (seeds 001/003) ----
 
 /// Link 10 mbit; ICMP from alex (.110) is interactive (prio 0); everything else is bulk.
-const LATENCY_CONFIG: &str = r#"
+pub(crate) const LATENCY_CONFIG: &str = r#"
 [[interface]]
 name = "lan0"
 rate = "10mbit"
@@ -600,8 +574,20 @@ fn interactive_traffic_keeps_low_latency_while_bulk_saturates_the_link() {
     );
     println!("  the bulk class's own packets: added delay p99 per second (histogram bucket bound) {bulk_p99s:?} ms");
     assert!(ours.0 < 10.0, "interactive p99 {} ms", ours.0);
-    assert!(ours.1 < 20.0, "in-class p99 {} ms (FIFO {} ms)", ours.1, fifo.0);
+    // The ping inside the bulk class is a sparse flow: it leaves ahead of the queue within
+    // the class's sparse budget, so it waits no longer than the bulk flows' own packets (whose
+    // delay `sharing::bulk_flows_own_queueing_delay_is_no_worse_than_htb_fq_codel` asserts
+    // against HTB + fq_codel's).
     assert!(!bulk_p99s.is_empty(), "shaperd reported the class's delay percentile");
+    let mut sorted = bulk_p99s.clone();
+    sorted.sort_by(f64::total_cmp);
+    let bulk_median = sorted[sorted.len() / 2];
+    assert!(
+        ours.1 <= bulk_median.max(20.0),
+        "in-class ping p99 {} ms, above the bulk packets' own p99 {bulk_median} ms (FIFO {} ms)",
+        ours.1,
+        fifo.0
+    );
     assert!(ours.2 > 8.5, "the bulk class still gets its share: {} mbit/s", ours.2);
 }
 
