@@ -9,6 +9,16 @@
 //! 3. recursively, down to the leaves;
 //! 4. nothing is left idle while some class below its ceil still wants more.
 //!
+//! One deliberate difference from Linux HTB, for nested trees: `prio` and `weight` order a
+//! class among its siblings only. A parent's spare goes to its children by their prio, and
+//! what a subtree gets from further up is decided by the prio of the subtree's top class.
+//! In HTB, a leaf that borrows from an ancestor competes there with its own prio (and
+//! quantum), whatever its parents' are: a prio-7 leaf under a prio-2 parent comes after a
+//! prio-4 class beside that parent in HTB, and before it here. Priority that follows the tree
+//! is what the configuration reads like (a class's prio is written next to its siblings),
+//! and it keeps each subtree's spare for its own children first; the test
+//! `prio_orders_siblings_only` pins it.
+//!
 //! Rates are integers (bits per second); shares are computed in 128-bit arithmetic and
 //! rounded down, and the remainders handed out one by one, so that the sum of the children's
 //! allocations is exactly what their parent could give.
@@ -217,6 +227,21 @@ mod tests {
         let a = t.allocate(&[0, GREEDY, GREEDY, 0, 0]);
         assert_eq!(a[1], 3 * M);
         assert_eq!(a[2], 7 * M);
+    }
+
+    /// The difference from HTB (see the module docs): a prio-7 leaf under a prio-2 parent
+    /// gets its parent's share of the root's spare before a prio-4 class beside the parent.
+    #[test]
+    fn prio_orders_siblings_only() {
+        // root 10: servers (rate 3, prio 2; child backup rate 3, prio 7), guest (rate 1, prio 4).
+        let mut root = leaf(10 * M, 10 * M, 0);
+        root.children = vec![1, 3];
+        let mut servers = leaf(3 * M, 10 * M, 2);
+        servers.children = vec![2];
+        let t = Tree { nodes: vec![root, servers, leaf(3 * M, 10 * M, 7), leaf(M, 10 * M, 4)] };
+        let a = t.allocate(&[0, 0, GREEDY, GREEDY]);
+        // Guest keeps its guarantee; the root's spare goes to servers (prio 2) first.
+        assert_eq!((a[2], a[3]), (9 * M, M));
     }
 
     #[test]
