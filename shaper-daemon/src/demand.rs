@@ -26,7 +26,7 @@
 //! - A class that is not limited wants what it offered over [`RATE_WINDOW_NS`] (or over the
 //!   last 100 ms, if more: a class limited a moment ago sends at its new rate; or if less than
 //!   half: a class that stopped gives its share back at once; nothing, after a silence of
-//!   four frames' time at its rate and 20 ms) plus
+//!   200 ms, or four frames' time at its rate if longer) plus
 //!   [`HEADROOM_PERCENT`], so that its own jitter does not queue it; a new demand within a
 //!   dead band around the last one keeps the last one, so that a steady sender's allocation
 //!   (and so its borrowers') does not follow the window's sampling noise (packets entering
@@ -63,8 +63,8 @@ pub const DEAD_BAND_HIGH_PERCENT: u64 = 4;
 /// doubles the step, up to doubling the rate.
 const FIRST_GROWTH_DIVISOR: u64 = 16;
 /// A class that sent nothing for this long (or four frames' time at its rate, if longer)
-/// wants nothing.
-const SILENCE_NS: u64 = 20_000_000;
+/// wants nothing. An application's pauses between writes are shorter.
+const SILENCE_NS: u64 = 200_000_000;
 /// A limited class is given at least what drains its queue within this long.
 const DRAIN_NS: u64 = 100_000_000;
 /// A full-size Ethernet frame, in bits.
@@ -169,7 +169,10 @@ impl Estimator {
                 self.window_start(o.now_ns, recent_window(o.pacing)).map_or(offered, |s| Self::rate_since(s, o));
             // And a class that has (nearly) stopped gives its share back at once, rather
             // than as its long window empties (an on/off sender, off); one that sent nothing
-            // for four frames' time at the rate it had (and 20 ms), all of it.
+            // for 200 ms (or four frames' time at the rate it had), all of it. Not sooner: an
+            // application writing in bursts (16 KB every 50 ms at 2.5 mbit/s) is silent between
+            // them, and is paced at its guarantee when it writes again; its share must stay
+            // reserved, or the link carries it on top of what the others were given.
             let silence = saturate(u128::from(4 * FRAME_BITS) * 1_000_000_000 / u128::from(offered.max(1)))
                 .clamp(SILENCE_NS, RATE_WINDOW_NS);
             let silent = self

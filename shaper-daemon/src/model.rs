@@ -468,8 +468,8 @@ mod tests {
     }
 
     /// An on/off sender (4 mbit/s for a second in two) next to a greedy class and a steady
-    /// stream: the greedy class gets, on average, within 4 % of what HTB gives it in each
-    /// phase; the on/off sender's share comes back at once when it stops.
+    /// stream: the greedy class gets, on average, within 7 % of what HTB gives it in each
+    /// phase (the on/off sender's share comes back 200 ms after it stops).
     #[test]
     fn an_on_off_sender_takes_its_share_and_gives_it_back() {
         let on_off = Source::OnOff { bits: 4 * MBIT, on_ns: SECOND, off_ns: SECOND };
@@ -479,8 +479,19 @@ mod tests {
         let off = reference(10 * MBIT, &classes, &[u64::MAX, 0, 2 * MBIT, 0])[0];
         let expected = u64::midpoint(on, off);
         let got = run.rates(2 * SECOND, 8 * SECOND);
-        assert!(got[0] >= expected * 96 / 100, "alex {:?} of {:?}", mbit(&got), mbit(&[expected]));
+        assert!(got[0] >= expected * 93 / 100, "alex {:?} of {:?}", mbit(&got), mbit(&[expected]));
         assert!(got[1].abs_diff(2 * MBIT) <= 2 * MBIT / 100, "{:?}", mbit(&got));
+    }
+
+    /// An application that writes 16 KB every 50 ms (2.6 mbit/s) next to two greedy classes:
+    /// its pauses between writes do not give its share away, so the link is never over its
+    /// rate (it was by 8 % in the VM when a 20 ms pause counted as stopping).
+    #[test]
+    fn an_application_writing_in_bursts_keeps_its_share() {
+        let bursts = Source::Bursts { burst: 16_384, period_ns: 50 * MS };
+        let run = check(&roommates([GREEDY, GREEDY, bursts, Source::Idle]), &[2_930_000, 4_470_000, 2_620_000, 0]);
+        let most = run.max_in_window(None, SECOND);
+        assert!(most <= 10 * MBIT / 8 + 2 * FULL_FRAME, "{most} bytes in a second through a 10 mbit/s link");
     }
 
     #[test]
