@@ -509,12 +509,13 @@ fn the_class_clock_loses_no_update_when_cpus_race() {
 #[test]
 fn codel_drops_or_marks_once_the_delay_stays_above_target_for_an_interval() {
     let mut dp = datapath(&[]);
-    // 1000-byte packets at 1,000,000 bytes/s: each adds 1 ms of delay. CoDel with a 1 ms
-    // target and a 2 ms interval.
+    // 1000-byte packets at 500,000 bytes/s: each adds 2 ms of delay (so the queue the test
+    // builds outlasts its sleeps, however slow the machine). CoDel with a 1 ms target and a
+    // 2 ms interval.
     dp.set_class(
         DEFAULT,
         ClassConfig {
-            rate_bytes: 1_000_000,
+            rate_bytes: 500_000,
             horizon_ns: 10 * SECOND,
             codel_target_ns: 1_000_000,
             codel_interval_ns: 2_000_000,
