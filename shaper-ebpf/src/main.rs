@@ -350,14 +350,15 @@ fn share(config: &ClassConfig, host: &[u8; 16], class_hash: u64, bytes: u64, sta
         return Share::Drop;
     }
     st.next_ns = start + (bytes * NS).checked_div(config.share_bytes).unwrap_or(0);
+    // Each host counts once an epoch, over its share or near it, whichever it was first:
+    // counted twice, a lone greedy host would halve its own share.
     if ahead > config.share_slack_ns {
-        if st.over_epoch != epoch {
+        if st.over_epoch != epoch && st.near_epoch != epoch {
             st.over_epoch = epoch;
             stats.hosts_over += 1;
         }
         Share::Over
     } else {
-        // A host already counted over its share in this epoch is not counted again.
         if near && st.over_epoch != epoch {
             if st.near_epoch != epoch {
                 st.near_epoch = epoch;
