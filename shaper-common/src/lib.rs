@@ -42,6 +42,17 @@ pub const SPARSE_MAX_QUEUE_FRAMES: u64 = 8;
 /// A full-size Ethernet frame (1500-byte MTU plus the 14-byte header), in bytes.
 pub const FULL_FRAME: u64 = 1514;
 
+/// How long `frames` full-size frames take at `bytes_per_sec`, ns (0 at a rate of 0).
+#[expect(clippy::inline_always, reason = "called per packet in the tc program, which has no calls to spare")]
+#[inline(always)]
+#[must_use]
+pub const fn frames_ns(frames: u64, bytes_per_sec: u64) -> u64 {
+    match (frames * FULL_FRAME * 1_000_000_000).checked_div(bytes_per_sec) {
+        Some(ns) => ns,
+        None => 0,
+    }
+}
+
 /// Buckets of the per-class added-delay histogram.
 pub const DELAY_BUCKETS: usize = 16;
 /// The smallest bucket's upper bound (ns); bucket `i < DELAY_BUCKETS - 1` counts packets whose

@@ -12,7 +12,7 @@ use std::{
 };
 
 use shaper_common::{
-    ClassConfig, IfaceConfig, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, IFACE_DOWNLOAD, IFACE_ENABLED, IFACE_L3,
+    frames_ns, ClassConfig, IfaceConfig, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, IFACE_DOWNLOAD, IFACE_ENABLED, IFACE_L3,
     ISOLATE_FLOW, ISOLATE_HOST, ISOLATE_NONE, MAX_CLASSES,
 };
 use tokio::sync::{watch, Mutex};
@@ -164,11 +164,11 @@ fn class_config(class: &Class, rate: Rate, share: u64) -> ClassConfig {
     // ahead: a burst within that (a TCP sender's window, a few aggregated segments) does not
     // make it over. One that runs half the horizon ahead ignores the congestion signals, and
     // is dropped.
-    let slack = (8 * 1514 * 1_000_000_000u64).checked_div(share_bytes).unwrap_or(0).max(target).max(2_000_000);
+    let slack = frames_ns(8, share_bytes).max(target).max(2_000_000);
     ClassConfig {
         rate_bytes: rate.bytes_per_sec(),
         horizon_ns: horizon_ns(class.horizon),
-        burst_ns: (1514 * 1_000_000_000u64).checked_div(rate.bytes_per_sec()).unwrap_or(0),
+        burst_ns: frames_ns(1, rate.bytes_per_sec()),
         codel_target_ns: target,
         codel_interval_ns: interval,
         isolation,
@@ -177,7 +177,7 @@ fn class_config(class: &Class, rate: Rate, share: u64) -> ClassConfig {
         share_horizon_ns: (horizon_ns(class.horizon) / 2).max(slack * 4),
         share_slack_ns: slack,
         // Two frames at the share: hosts sending a third of it or more contend for it.
-        share_near_ns: (2 * 1514 * 1_000_000_000u64).checked_div(share_bytes).unwrap_or(0),
+        share_near_ns: frames_ns(2, share_bytes),
     }
 }
 
@@ -186,7 +186,7 @@ fn class_config(class: &Class, rate: Rate, share: u64) -> ClassConfig {
 /// starve TCP at low rates (at 300 kbit/s one frame takes 40 ms), so the target is at least
 /// three frame times and the interval grows with it, as CAKE does (`cake_set_rate`, which
 /// uses 1.5 frames but splits GSO packets; here a GSO packet of two segments is one packet).
-fn codel_params(target_ns: u64, interval_ns: u64, rate: Rate) -> (u64, u64) {
+pub(crate) fn codel_params(target_ns: u64, interval_ns: u64, rate: Rate) -> (u64, u64) {
     const FRAME_BITS: u64 = 1514 * 8;
     let frame_ns = u64::try_from(u128::from(FRAME_BITS) * 1_000_000_000 / u128::from(rate.bits_per_sec().max(1)))
         .unwrap_or(u64::MAX);

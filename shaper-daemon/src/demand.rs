@@ -3,7 +3,7 @@
 //! [`pacing_rate`] allocations into the rates the datapath paces at.
 //!
 //! A class is *limited* when its pacing rate holds it back, and the sign of that is a queue
-//! that never empties: over the last [`QUEUE_WINDOW`] (or four full frames at its rate, if
+//! that never empties: over the last [`QUEUE_WINDOW_NS`] (or four full frames at its rate, if
 //! longer) it sent packets and none of them found the class's clock idle (the datapath's
 //! `idle_packets` counter), or its clock is now further ahead than that window (a queue that
 //! cannot drain within it). A class sending below its pacing rate, however close to it, finds
@@ -34,14 +34,15 @@
 //!
 //! The headroom is not lent: the rates paced add up to at most the link, and a link a
 //! greedy class shares with steady ones runs at `1 - 2 % * (their share)` of its rate (99.6 %
-//! next to a 2 mbit/s stream on 10 mbit/s). Lending it too was tried in the model
-//! ([`crate::model`]): the sum of the rates then exceeds the link whenever the steady classes
-//! use their headroom, and the datapath's link clock, which takes slots when packets are
-//! paced, cannot hold back packets already given a departure time.
+//! next to a 2 mbit/s stream on 10 mbit/s). Lending it too was tried in the model (`model.rs`,
+//! with a datapath link clock): the sum of the rates then exceeds the link whenever the steady
+//! classes use their headroom, and a link clock that takes slots when packets are paced
+//! cannot hold back packets already given a departure time.
 //!
 //! A class is never paced below its guaranteed rate ([`pacing_rate`]): a class that starts
-//! sending gets its guarantee at once, without waiting for a tick, and the link clock keeps
-//! the interface near its rate until the next tick moves the borrowers down.
+//! sending gets its guarantee at once, without waiting for a tick; the borrowers are moved
+//! down at the next tick, and what a lowered class gives up is handed on once the packets it
+//! had queued have left ([`Settler`]).
 
 use std::collections::VecDeque;
 
@@ -68,7 +69,7 @@ const SILENCE_NS: u64 = 200_000_000;
 /// A limited class is given at least what drains its queue within this long.
 const DRAIN_NS: u64 = 100_000_000;
 /// A full-size Ethernet frame, in bits.
-const FRAME_BITS: u64 = 1514 * 8;
+const FRAME_BITS: u64 = shaper_common::FULL_FRAME * 8;
 
 /// The datapath's cumulative counters of one class, as the estimator reads them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -96,7 +97,7 @@ pub struct Observation {
 /// What the estimator concluded at a tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Estimate {
-    /// What the class wants, bits/s (`u64::MAX` never: growth is bounded by the pacing rate).
+    /// What the class wants, bits/s; `u64::MAX` for a class with a deep queue (all it can get).
     pub demand: u64,
     /// The offered rate over [`RATE_WINDOW_NS`], bits/s.
     pub offered: u64,
@@ -111,7 +112,7 @@ pub struct Estimator {
     samples: VecDeque<(u64, (Counters, u64))>,
     /// The last demand given.
     demand: u64,
-    /// Limited ticks in a row.
+    /// Limited ticks in a row whose queue did not shrink (or was deep).
     streak: u32,
 }
 
@@ -173,8 +174,7 @@ impl Estimator {
             // application writing in bursts (16 KB every 50 ms at 2.5 mbit/s) is silent between
             // them, and is paced at its guarantee when it writes again; its share must stay
             // reserved, or the link carries it on top of what the others were given.
-            let silence = saturate(u128::from(4 * FRAME_BITS) * 1_000_000_000 / u128::from(offered.max(1)))
-                .clamp(SILENCE_NS, RATE_WINDOW_NS);
+            let silence = frames_ns(4, offered).clamp(SILENCE_NS, RATE_WINDOW_NS);
             let silent = self
                 .window_start(o.now_ns, silence)
                 .is_some_and(|(_, (c0, _))| c0.offered_bytes == o.counters.offered_bytes);
@@ -219,15 +219,18 @@ fn deep_queue(window: u64) -> u64 {
 /// too: 100 ms, or 32 full frames at its pacing rate if longer (so that a packet more or
 /// less moves it by 3 % at most), within [`RATE_WINDOW_NS`].
 fn recent_window(pacing: u64) -> u64 {
-    let frames_ns = saturate(u128::from(32 * FRAME_BITS) * 1_000_000_000 / u128::from(pacing.max(1)));
-    frames_ns.clamp(100_000_000, RATE_WINDOW_NS)
+    frames_ns(32, pacing).clamp(100_000_000, RATE_WINDOW_NS)
 }
 
 /// The window over which a class must have had a queue throughout to count as limited:
 /// [`QUEUE_WINDOW_NS`], or four full frames at its pacing rate if longer.
 fn queue_window(pacing: u64) -> u64 {
-    let frames_ns = saturate(u128::from(4 * FRAME_BITS) * 1_000_000_000 / u128::from(pacing.max(1)));
-    QUEUE_WINDOW_NS.max(frames_ns)
+    QUEUE_WINDOW_NS.max(frames_ns(4, pacing))
+}
+
+/// How long `frames` full-size frames take at `bits_per_sec` (at least 1 bit/s), ns.
+fn frames_ns(frames: u64, bits_per_sec: u64) -> u64 {
+    saturate(u128::from(frames * FRAME_BITS) * 1_000_000_000 / u128::from(bits_per_sec.max(1)))
 }
 
 /// Most cuts a [`Settler`] remembers per class (each lasts as long as the queue it left).
@@ -327,10 +330,9 @@ fn saturate(v: u128) -> u64 {
 
 /// Appends `sample`, taken at `now`, to a time series and forgets what is older than
 /// `window`, keeping the newest sample at or before the window's start: it marks the start.
-pub fn slide<T, N: Copy + Into<u128>>(samples: &mut VecDeque<(N, T)>, now: N, sample: T, window: N) {
+pub fn slide<T>(samples: &mut VecDeque<(u64, T)>, now: u64, sample: T, window: u64) {
     samples.push_back((now, sample));
-    let (now, window) = (now.into(), window.into());
-    while samples.len() > 2 && samples.get(1).is_some_and(|s| now.saturating_sub(s.0.into()) >= window) {
+    while samples.len() > 2 && samples.get(1).is_some_and(|s| now.saturating_sub(s.0) >= window) {
         samples.pop_front();
     }
 }

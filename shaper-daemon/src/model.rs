@@ -14,10 +14,13 @@
 
 use std::collections::HashMap;
 
-use shaper_common::{FULL_FRAME, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE};
+use shaper_common::{frames_ns, FULL_FRAME, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE};
 
 use crate::{
+    config::DEFAULT_AQM,
+    daemon,
     demand::{self, Counters, Estimator, Observation},
+    rate::Rate,
     tree::{Node, Tree},
 };
 
@@ -61,17 +64,11 @@ pub struct ClassSpec {
 /// The departures of one run and what the control loop did.
 #[derive(Debug, Clone)]
 pub struct Run {
-    pub link: u64,
     pub classes: Vec<ClassSpec>,
     /// (departure ns, class, wire bytes), in the order packets were paced.
     pub departures: Vec<(u64, usize, u32)>,
     /// Pacing rates (bits/s) per tick, per class.
     pub pacing: Vec<Vec<u64>>,
-    /// Whether each class was limited, per tick.
-    pub limited: Vec<Vec<bool>>,
-    /// Packets each class dropped at the horizon.
-    pub drops: Vec<u64>,
-    pub duration: u64,
 }
 
 impl Run {
@@ -106,32 +103,19 @@ impl Run {
         best
     }
 
-    /// The median and 90th percentile of the relative change of class `class`'s pacing rate
-    /// from one tick to the next over ticks `[from, to)`, in per mille.
+    /// The median, 90th percentile and largest relative change of class `class`'s pacing
+    /// rate from one tick to the next over ticks `[from, to)`, in per mille.
     #[must_use]
-    pub fn pacing_change_quantiles(&self, class: usize, from: usize, to: usize) -> (u64, u64) {
-        let mut changes = self.changes(class, from, to);
-        changes.sort_unstable();
-        let at = |q: usize| changes.get(changes.len() * q / 100).copied().unwrap_or(0);
-        (at(50), at(90))
-    }
-
-    fn changes(&self, class: usize, from: usize, to: usize) -> Vec<u64> {
-        (from.max(1)..to.min(self.pacing.len()))
+    pub fn pacing_changes(&self, class: usize, from: usize, to: usize) -> (u64, u64, u64) {
+        let mut changes: Vec<u64> = (from.max(1)..to.min(self.pacing.len()))
             .map(|i| {
                 let (a, b) = (self.pacing[i - 1][class], self.pacing[i][class]);
                 a.abs_diff(b) * 1000 / a.max(1)
             })
-            .collect()
-    }
-
-    /// The largest relative change of class `class`'s pacing rate from one tick to the next
-    /// over ticks `[from, to)`, and its median, in per mille.
-    #[must_use]
-    pub fn pacing_changes(&self, class: usize, from: usize, to: usize) -> (u64, u64) {
-        let mut changes = self.changes(class, from, to);
+            .collect();
         changes.sort_unstable();
-        (changes.last().copied().unwrap_or(0), changes.get(changes.len() / 2).copied().unwrap_or(0))
+        let at = |q: usize| changes.get(changes.len() * q / 100).copied().unwrap_or(0);
+        (at(50), at(90), changes.last().copied().unwrap_or(0))
     }
 }
 
@@ -144,11 +128,8 @@ struct ClassState {
     sparse_next: u64,
     counters: Counters,
     estimator: Estimator,
-    /// Departure times of the packets still waiting (for the sources that watch their queue).
-    waiting: std::collections::VecDeque<u64>,
     /// The source's own clock: when it next offers a packet.
     source_next: u64,
-    drops: u64,
     codel: Codel,
 }
 
@@ -228,15 +209,7 @@ pub fn simulate(link: u64, classes: &[ClassSpec], duration: u64, tick: u64, hori
     let mut st: Vec<ClassState> =
         classes.iter().map(|c| ClassState { rate: c.rate / 8, ..ClassState::default() }).collect();
     let mut flows: HashMap<(usize, u32), u64> = HashMap::new();
-    let mut run = Run {
-        link,
-        classes: classes.to_vec(),
-        departures: Vec::new(),
-        pacing: Vec::new(),
-        limited: Vec::new(),
-        drops: Vec::new(),
-        duration,
-    };
+    let mut run = Run { classes: classes.to_vec(), departures: Vec::new(), pacing: Vec::new() };
     let mut settler = demand::Settler::default();
     let mut next_tick = tick;
     let mut now = 0u64;
@@ -245,22 +218,15 @@ pub fn simulate(link: u64, classes: &[ClassSpec], duration: u64, tick: u64, hori
             // Offer whatever the source has by now.
             loop {
                 let s = &mut st[c];
-                while s.waiting.front().is_some_and(|&t| t <= now) {
-                    s.waiting.pop_front();
-                }
                 let Some((size, flow)) = offer(&spec.source, s, now) else { break };
                 let s = &mut st[c];
                 s.counters.offered_bytes += u64::from(size);
                 let last = flows.get(&(c, flow)).copied();
                 let ecn = matches!(spec.source, Source::GreedyTcp { .. } | Source::Bursts { .. });
-                match pace(s, u64::from(size), now, horizon, last, ecn) {
-                    Some(depart) => {
-                        s.counters.packets += 1;
-                        s.waiting.push_back(depart);
-                        flows.insert((c, flow), depart);
-                        run.departures.push((depart, c, size));
-                    }
-                    None => s.drops += 1,
+                if let Some(depart) = pace(s, u64::from(size), now, horizon, last, ecn) {
+                    s.counters.packets += 1;
+                    flows.insert((c, flow), depart);
+                    run.departures.push((depart, c, size));
                 }
             }
         }
@@ -268,7 +234,6 @@ pub fn simulate(link: u64, classes: &[ClassSpec], duration: u64, tick: u64, hori
         if now >= next_tick {
             next_tick += tick;
             let mut demand = vec![0u64; classes.len() + 1];
-            let mut limited = Vec::with_capacity(classes.len());
             for (c, s) in st.iter_mut().enumerate() {
                 let e = s.estimator.update(&Observation {
                     now_ns: now,
@@ -277,7 +242,6 @@ pub fn simulate(link: u64, classes: &[ClassSpec], duration: u64, tick: u64, hori
                     pacing: s.rate * 8,
                 });
                 demand[c + 1] = e.demand;
-                limited.push(e.limited);
             }
             let backlog: Vec<u64> = std::iter::once(0).chain(st.iter().map(|s| s.next.saturating_sub(now))).collect();
             let alloc = settler.settle(&tree, &tree.allocate(&demand), &backlog, now);
@@ -285,10 +249,8 @@ pub fn simulate(link: u64, classes: &[ClassSpec], duration: u64, tick: u64, hori
                 s.rate = demand::pacing_rate(alloc[c + 1], classes[c].rate) / 8;
             }
             run.pacing.push(st.iter().map(|s| s.rate * 8).collect());
-            run.limited.push(limited);
         }
     }
-    run.drops = st.iter().map(|s| s.drops).collect();
     run
 }
 
@@ -346,16 +308,17 @@ fn timed(s: &mut ClassState, now: u64, gap: u64) -> bool {
 /// budget, the class clock, the horizon and CoDel. Returns the departure, `None` for a drop.
 fn pace(s: &mut ClassState, bytes: u64, now: u64, horizon: u64, flow_last: Option<u64>, ecn: bool) -> Option<u64> {
     let cost = bytes * SECOND / s.rate;
-    // CoDel's parameters as shaperd sets them (`codel_params`): a 5 ms target, at least three
-    // full frames at the class's rate, and an interval of 100 ms grown by as much (and at
-    // least two targets).
-    let target = (5 * MS).max(3 * FULL_FRAME * SECOND / s.rate);
-    let interval = (100 * MS + (target - 5 * MS)).max(2 * target);
+    // CoDel's parameters as shaperd sets them for a class with the default AQM.
+    let (target, interval) = daemon::codel_params(
+        u64::try_from(DEFAULT_AQM.target.as_nanos()).expect("5 ms"),
+        u64::try_from(DEFAULT_AQM.interval.as_nanos()).expect("100 ms"),
+        Rate::from_bits_per_sec(s.rate * 8),
+    );
     if s.next > now {
         let queue = s.next - now;
         let last = flow_last.unwrap_or(0);
         let sparse = last.saturating_add(queue.min(10 * MS)) <= now
-            && queue <= SPARSE_MAX_QUEUE_FRAMES * FULL_FRAME * SECOND / s.rate
+            && queue <= frames_ns(SPARSE_MAX_QUEUE_FRAMES, s.rate)
             && queue + cost <= horizon
             && s.sparse_next <= now;
         if sparse {
@@ -378,7 +341,7 @@ fn pace(s: &mut ClassState, bytes: u64, now: u64, horizon: u64, flow_last: Optio
     }
     s.counters.idle_packets += 1;
     // A clock that fell behind restarts up to one full frame before now (`burst_ns`).
-    s.next = s.next.max(now.saturating_sub(FULL_FRAME * SECOND / s.rate)) + cost;
+    s.next = s.next.max(now.saturating_sub(frames_ns(1, s.rate))) + cost;
     Some(now)
 }
 
@@ -447,7 +410,7 @@ mod tests {
         let total: u64 = run.rates(3 * SECOND, 6 * SECOND).iter().sum();
         assert!(total >= 99 * 10 * MBIT / 100, "link use {total}");
         for class in [0, 3] {
-            let (max, median) = run.pacing_changes(class, 300, 600);
+            let (median, _, max) = run.pacing_changes(class, 300, 600);
             assert!(median < 20 && max < 20, "class {class}: pacing moves by {max} per mille at most, median {median}");
         }
     }
@@ -461,7 +424,7 @@ mod tests {
         // before the next tick sees it: alex gets the rest.
         let alex = 10 * MBIT - 2_040_000 - 204_000;
         let run = check(&roommates([GREEDY, Source::Idle, Source::Idle, jittery]), &[alex, 0, 0, 2 * MBIT]);
-        let (max, median) = run.pacing_changes(0, 300, 600);
+        let (median, _, max) = run.pacing_changes(0, 300, 600);
         assert!(median < 20, "alex's pacing moves by {max} per mille at most, median {median}");
         let most = run.pacing[300..600].iter().map(|p| p[3]).max().unwrap_or(0);
         assert!(most < 3 * MBIT, "the stream was paced at up to {most}");
@@ -618,7 +581,7 @@ mod tests {
                 // less than 2 % (the median over the last 3 s) and less than 5 % in nine
                 // ticks out of ten.
                 for c in 0..classes.len() {
-                    let (median, p90) = run.pacing_change_quantiles(c, 300, 600);
+                    let (median, p90, _) = run.pacing_changes(c, 300, 600);
                     prop_assert!(median < 20 && p90 < 50, "class {}: pacing moves {} per mille (median), {} (p90)", c, median, p90);
                 }
                 let total: u64 = got.iter().sum();

@@ -28,9 +28,9 @@ pub unsafe fn fetch_add(dst: *mut u64, v: u64) -> u64 {
 
 /// Outcome of pacing one packet.
 pub enum Verdict {
-    /// Leave at this time (CLOCK_MONOTONIC ns); `cost` is the packet's slot on the clock
-    /// (see [`give_back`]); `idle`: the clock was at or behind `t0` (no queue).
-    Send { depart: u64, cost: u64, idle: bool },
+    /// Leave at this time (CLOCK_MONOTONIC ns); `idle`: the clock was at or behind `t0` (no
+    /// queue). A packet dropped after all returns its slot with [`give_back`].
+    Send { depart: u64, idle: bool },
     /// The departure would be later than the horizon.
     Horizon,
 }
@@ -64,7 +64,7 @@ pub unsafe fn take_slot(next: *mut u64, cost: u64, t0: u64, now: u64, horizon: u
         // SAFETY: as above.
         let swapped = unsafe { cas(next, last, start + cost) };
         if swapped {
-            return Verdict::Send { depart: t0, cost, idle: true };
+            return Verdict::Send { depart: t0, idle: true };
         }
     }
     // Backlogged: take the next slot. The clock only ever moves forward, so `old` is at least
@@ -78,7 +78,7 @@ pub unsafe fn take_slot(next: *mut u64, cost: u64, t0: u64, now: u64, horizon: u
         unsafe { give_back(next, cost) };
         return Verdict::Horizon;
     }
-    Verdict::Send { depart, cost, idle: old <= t0 }
+    Verdict::Send { depart, idle: old <= t0 }
 }
 
 /// Returns a packet's slot to the class clock, for a packet that is dropped after all.

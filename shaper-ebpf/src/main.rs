@@ -22,8 +22,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use shaper_common::{
-    delay_bucket, ClassConfig, ClassState, ClassStats, Globals, HostKey, HostState, IfaceConfig, RuleKey, RuleTarget,
-    Tuple, FLOW_SLOTS, FULL_FRAME, HOST_SLOTS, IFACE_DOWNLOAD, IFACE_L3, ISOLATE_FLOW, ISOLATE_NONE, MAX_CLASSES,
+    delay_bucket, frames_ns, ClassConfig, ClassState, ClassStats, Globals, HostKey, HostState, IfaceConfig, RuleKey,
+    RuleTarget, Tuple, FLOW_SLOTS, HOST_SLOTS, IFACE_DOWNLOAD, IFACE_L3, ISOLATE_FLOW, ISOLATE_NONE, MAX_CLASSES,
     MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS, RULE_BANKS, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
 };
 
@@ -217,7 +217,7 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
     let over = match if config.isolation == ISOLATE_NONE || config.share_bytes == 0 {
         Share::Over
     } else {
-        share(config, p.host, (u64::from(class) << 32) | u64::from(hash), bytes, stats)
+        share(config, p.host, flow, bytes, stats)
     } {
         Share::Within => false,
         Share::Over => true,
@@ -249,7 +249,7 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
         return sent.record(stats, t0);
     }
     // SAFETY: `state` points into an array map value that lives as long as the map.
-    let edt::Verdict::Send { depart, cost, idle } =
+    let edt::Verdict::Send { depart, idle } =
         (unsafe { edt::take_slot(next, cost, t0, now, horizon, config.burst_ns) })
     else {
         return horizon_drop(stats, bytes, segs);
@@ -449,8 +449,7 @@ fn sparse(state: *mut ClassState, last: u64, t0: u64, now: u64, cost: u64, rate:
     if last.saturating_add(queue.min(SPARSE_GAP_NS)) > now {
         return false;
     }
-    let max_queue = (SPARSE_MAX_QUEUE_FRAMES * FULL_FRAME * NS).checked_div(rate).unwrap_or(0);
-    if queue > max_queue || queue + cost > horizon {
+    if queue > frames_ns(SPARSE_MAX_QUEUE_FRAMES, rate) || queue + cost > horizon {
         return false;
     }
     // SAFETY: as above.
