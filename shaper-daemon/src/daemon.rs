@@ -160,11 +160,12 @@ fn class_config(class: &Class, rate: Rate, share: u64) -> ClassConfig {
         Isolation::Flow => ISOLATE_FLOW,
     };
     let share_bytes = if isolation == ISOLATE_NONE { 0 } else { share / 8 };
-    // A host is over its share once its clock is eight full frames (and CoDel's target)
-    // ahead: a burst within that (a TCP sender's window, a few aggregated segments) does not
-    // make it over. One that runs half the horizon ahead ignores the congestion signals, and
-    // is dropped.
-    let slack = frames_ns(8, share_bytes).max(target).max(2_000_000);
+    // A host is over its share once its clock is CoDel's target ahead: the standing queue
+    // CoDel signals about is then its own. A larger slack withheld every signal from a class's
+    // only host (at its share, its clock is as far ahead as the queue), and its queue grew to
+    // the horizon. Without AQM, eight full frames. One that runs half the horizon ahead
+    // ignores the congestion signals, and is dropped.
+    let slack = if target == 0 { frames_ns(8, share_bytes).max(2_000_000) } else { target };
     ClassConfig {
         rate_bytes: rate.bytes_per_sec(),
         horizon_ns: horizon_ns(class.horizon),
