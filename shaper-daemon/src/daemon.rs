@@ -25,8 +25,9 @@ use crate::{
         edit::{self, ClassKey, EditError, NewValue},
         Class, Config, Direction, Isolation,
     },
-    demand::{self, Counters, Estimator, Observation, Settler},
+    demand::{self, Counters, Estimator, Observation},
     metrics::{self, ClassSample, Metrics, Snapshot},
+    pacing::Pacer,
     qdisc::{self, FqGuard, QdiscError},
     rate::Rate,
     rules::{self, CompileError, RuleSpec},
@@ -131,7 +132,7 @@ impl ClassEntry {
 struct IfaceTree {
     tree: Tree,
     classes: Vec<Option<usize>>,
-    settler: Settler,
+    pacer: Pacer,
 }
 
 struct State {
@@ -202,7 +203,7 @@ fn trees(config: &Config) -> Vec<IfaceTree> {
         .iter()
         .map(|i| {
             let (tree, classes) = Tree::from_config(config, &i.name);
-            IfaceTree { tree, classes, settler: Settler::default() }
+            IfaceTree { tree, classes, pacer: Pacer::default() }
         })
         .collect()
 }
@@ -672,6 +673,7 @@ impl State {
         for t in &mut self.trees {
             let mut demand = vec![0u64; t.tree.nodes.len()];
             let mut backlog = vec![0u64; t.tree.nodes.len()];
+            let mut limited = vec![false; t.tree.nodes.len()];
             // Isolation, per node: (bits/s from light hosts, hosts over their share, hosts
             // near it) over the last tick.
             let mut hosts = vec![(0u64, 0u64, 0u64); t.tree.nodes.len()];
@@ -701,6 +703,7 @@ impl State {
                 entry.limited = estimate.limited;
                 entry.record_delays(mono, stats.delay_hist);
                 demand[node] = estimate.demand;
+                limited[node] = estimate.limited;
                 let now = (stats.share_under_bytes, stats.hosts_over, stats.hosts_near);
                 let (under, over, near) = std::mem::replace(&mut entry.share_counters, now);
                 let under_bits = u128::from(now.0.saturating_sub(under)) * 8 * 1_000_000_000;
@@ -710,16 +713,16 @@ impl State {
                     now.2.saturating_sub(near),
                 );
             }
-            let alloc = t.settler.settle(&t.tree, &t.tree.allocate(&demand), &backlog, mono);
+            let rates = t.pacer.tick(&t.tree, &demand, &limited, &backlog, mono);
             for (node, class) in t.classes.iter().enumerate() {
                 let Some(c) = *class else { continue };
                 let entry = &mut self.classes[c];
-                entry.allocated = Rate::from_bits_per_sec(alloc[node]);
+                entry.allocated = Rate::from_bits_per_sec(rates.allocated[node]);
                 if !entry.leaf {
                     continue;
                 }
                 let spec = &self.config.classes[c];
-                let pacing = Rate::from_bits_per_sec(demand::pacing_rate(alloc[node], spec.rate.bits_per_sec()));
+                let pacing = Rate::from_bits_per_sec(rates.pacing[node]);
                 let (under, over, near) = hosts[node];
                 let share = demand::fair_share(pacing.bits_per_sec(), entry.limited, under, over, near, entry.share);
                 // Rewritten when the rate changes, or the share by more than 1/32.

@@ -1,6 +1,6 @@
 //! Demand estimation: what each leaf class would send if it could, from the datapath's
 //! counters, every tick. The allocator ([`crate::tree`]) turns demands into allocations, and
-//! [`pacing_rate`] allocations into the rates the datapath paces at.
+//! [`crate::pacing`] allocations into the rates the datapath paces at.
 //!
 //! A class is *limited* when its pacing rate holds it back, and the sign of that is a queue
 //! that never empties: over the last [`QUEUE_WINDOW_NS`] (or four full frames at its rate, if
@@ -24,9 +24,12 @@
 //!   sender stalled, then caught up) gets what drains the bunch, and no more. The datapath
 //!   counts packets when it paces them, so the counters give the arrival rate.
 //! - A class that is not limited wants what it offered over [`RATE_WINDOW_NS`] (or over the
-//!   last 100 ms, if more: a class limited a moment ago sends at its new rate; or if less than
-//!   half: a class that stopped gives its share back at once; nothing, after a silence of
-//!   200 ms, or four frames' time at its rate if longer) plus
+//!   last 100 ms, if more and the class was limited within the long window: it sends at its
+//!   new rate (not otherwise: an application writing 16 KB every 50 ms has two writes or
+//!   three in 100 ms, and its demand would follow them); or if less than half: a class that
+//!   stopped gives its share back at once; nothing, after a silence of
+//!   200 ms, or four frames' time at its rate if longer; and a class quiet until a moment
+//!   ago, over the time since it was last quiet, once it has sent four full frames) plus
 //!   [`HEADROOM_PERCENT`], so that its own jitter does not queue it; a new demand within a
 //!   dead band around the last one keeps the last one, so that a steady sender's allocation
 //!   (and so its borrowers') does not follow the window's sampling noise (packets entering
@@ -39,14 +42,11 @@
 //! classes use their headroom, and a link clock that takes slots when packets are paced
 //! cannot hold back packets already given a departure time.
 //!
-//! A class is never paced below its guaranteed rate ([`pacing_rate`]): a class that starts
-//! sending gets its guarantee at once, without waiting for a tick; the borrowers are moved
-//! down at the next tick, and what a lowered class gives up is handed on once the packets it
-//! had queued have left ([`Settler`]).
+//! A class is never paced below its guaranteed rate, and a quiet class is paced at what it
+//! would be given if it woke ([`crate::pacing`]): a class that starts sending gets its share
+//! at once, without waiting for a tick; the borrowers are moved down at the next tick.
 
 use std::collections::VecDeque;
-
-use crate::tree::Tree;
 
 /// Window over which the offered rate of a class that is not limited is measured.
 pub const RATE_WINDOW_NS: u64 = 400_000_000;
@@ -69,7 +69,7 @@ const SILENCE_NS: u64 = 200_000_000;
 /// A limited class is given at least what drains its queue within this long.
 const DRAIN_NS: u64 = 100_000_000;
 /// A full-size Ethernet frame, in bits.
-const FRAME_BITS: u64 = shaper_common::FULL_FRAME * 8;
+pub(crate) const FRAME_BITS: u64 = shaper_common::FULL_FRAME * 8;
 
 /// The datapath's cumulative counters of one class, as the estimator reads them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -114,7 +114,23 @@ pub struct Estimator {
     demand: u64,
     /// Limited ticks in a row whose queue did not shrink (or was deep).
     streak: u32,
+    /// The last observation at which the class was quiet (had offered less than
+    /// [`WAKE_FRAMES`] full frames over the silence window): what it sends after that is
+    /// measured from there while the windows catch up.
+    quiet_at: Option<(u64, Counters)>,
+    /// When the class was last limited.
+    limited_at: Option<u64>,
 }
+
+/// A class that is not limited and offered less than `1/STOPPED_DIVISOR` of its long-window
+/// rate over the last 100 ms has (nearly) stopped: it wants what it offered lately (an
+/// application writing in bursts every 50 ms has at least one in 100 ms, more than half).
+const STOPPED_DIVISOR: u64 = 2;
+
+/// A class that offered fewer full frames than this over its silence window is quiet (a
+/// ping, a DNS query, a TCP handshake); once it has offered this many since, it is sending,
+/// and its rate is read from the time it was last quiet.
+const WAKE_FRAMES: u64 = 4;
 
 impl Estimator {
     #[must_use]
@@ -166,8 +182,22 @@ impl Estimator {
             // What it offered lately too: a class that was limited a moment ago (a TCP flow
             // between two windows) sends at its new rate, which the long window has not
             // caught up with yet.
-            let lately =
-                self.window_start(o.now_ns, recent_window(o.pacing)).map_or(offered, |s| Self::rate_since(s, o));
+            let recent = recent_window(o.pacing);
+            let lately = self.window_start(o.now_ns, recent).map_or(offered, |s| Self::rate_since(s, o));
+            // Read as the class's new rate only if it was limited within the long window: an
+            // application that writes in bursts (16 KB every 50 ms) has two writes or three
+            // in 100 ms, and its demand would jump with each third.
+            let was_limited = self.limited_at.is_some_and(|t| o.now_ns.saturating_sub(t) <= RATE_WINDOW_NS);
+            let mut risen = if was_limited { lately } else { 0 };
+            // A class that was quiet until a moment ago (a transfer starting): what it sent
+            // since, over the time since, not spread over windows it was quiet in (its
+            // share would be undercounted until they pass, and its first windows queued).
+            if let Some((t0, c0)) = self.quiet_at {
+                let since = o.counters.offered_bytes.saturating_sub(c0.offered_bytes);
+                if o.now_ns.saturating_sub(t0) <= recent && since >= WAKE_FRAMES * FRAME_BITS / 8 {
+                    risen = risen.max(Self::rate_since((t0, (c0, 0)), o));
+                }
+            }
             // And a class that has (nearly) stopped gives its share back at once, rather
             // than as its long window empties (an on/off sender, off); one that sent nothing
             // for 200 ms (or four frames' time at the rate it had), all of it. Not sooner: an
@@ -180,10 +210,10 @@ impl Estimator {
                 .is_some_and(|(_, (c0, _))| c0.offered_bytes == o.counters.offered_bytes);
             let offered = if silent {
                 0
-            } else if lately < offered / 2 {
+            } else if lately < offered / STOPPED_DIVISOR {
                 lately
             } else {
-                offered.max(lately)
+                offered.max(risen)
             };
             let low = percent_over(offered, DEAD_BAND_LOW_PERCENT);
             let high = percent_over(offered, DEAD_BAND_HIGH_PERCENT).saturating_add(HEADROOM_FLOOR);
@@ -194,6 +224,15 @@ impl Estimator {
             }
         };
         self.demand = demand;
+        if limited {
+            self.limited_at = Some(o.now_ns);
+        }
+        let over_silence = self
+            .window_start(o.now_ns, SILENCE_NS)
+            .map_or(o.counters.offered_bytes, |(_, (c0, _))| o.counters.offered_bytes.saturating_sub(c0.offered_bytes));
+        if over_silence < WAKE_FRAMES * FRAME_BITS / 8 {
+            self.quiet_at = Some((o.now_ns, o.counters));
+        }
         Estimate { demand, offered, limited }
     }
 
@@ -233,77 +272,6 @@ fn frames_ns(frames: u64, bits_per_sec: u64) -> u64 {
     saturate(u128::from(frames * FRAME_BITS) * 1_000_000_000 / u128::from(bits_per_sec.max(1)))
 }
 
-/// Most cuts a [`Settler`] remembers per class (each lasts as long as the queue it left).
-const MAX_HOLDS: usize = 64;
-
-/// Holds back what the allocator gives to classes whose allocation grows while a class whose
-/// allocation was lowered still has packets queued at its old rate: the datapath gave those
-/// packets their departure times already, and they leave as scheduled, so the capacity a
-/// lowered class gives up is only free once its queue has drained. Without this, the link
-/// carries both the old queue and the newcomer's new rate for that long.
-#[derive(Debug, Clone, Default)]
-pub struct Settler {
-    /// What each node was given at the last tick.
-    granted: Vec<u64>,
-    /// Per node: the rates its queued packets still leave at, and until when (ns), oldest
-    /// first.
-    held: Vec<VecDeque<(u64, u64)>>,
-}
-
-impl Settler {
-    /// The allocation to apply now, given the allocator's `alloc` for `tree`, and each leaf's
-    /// queue (`backlog_ns`, indexed like the nodes) at `now_ns`. Decreases apply at once;
-    /// increases share what the link has left after every class's current allocation and
-    /// every lowered class's queue, in proportion to how much each grows.
-    pub fn settle(&mut self, tree: &Tree, alloc: &[u64], backlog_ns: &[u64], now_ns: u64) -> Vec<u64> {
-        let n = alloc.len();
-        if self.granted.len() != n {
-            self.granted = alloc.to_vec();
-            self.held = vec![VecDeque::new(); n];
-            return alloc.to_vec();
-        }
-        let leaves: Vec<usize> = (1..n).filter(|&i| tree.is_leaf(i)).collect();
-        let mut out = alloc.to_vec();
-        // What each leaf holds now: its new allocation if that is not more than it had, its
-        // old one otherwise, and the rate its queued packets still leave at.
-        let mut holds = vec![0u64; n];
-        let (mut used, mut growth) = (0u64, 0u64);
-        for &i in &leaves {
-            let (old, new) = (self.granted[i], alloc[i]);
-            // A cut whose queued packets would add less than half a frame to the link is not
-            // held: holding it would stall a class that wants to grow by as little.
-            let excess_bits = u128::from(old.saturating_sub(new)) * u128::from(backlog_ns[i]) / 1_000_000_000;
-            let held = &mut self.held[i];
-            while held.front().is_some_and(|&(_, until)| until <= now_ns) {
-                held.pop_front();
-            }
-            if new < old && excess_bits > u128::from(FRAME_BITS / 2) && held.len() < MAX_HOLDS {
-                // The packets queued until then were given departure times at `old`.
-                held.push_back((old, now_ns.saturating_add(backlog_ns[i])));
-            }
-            let leaving = held.iter().map(|&(rate, _)| rate).max().unwrap_or(0);
-            holds[i] = new.min(old).max(leaving);
-            used = used.saturating_add(holds[i]);
-            // A class may grow back to what its own queue holds without taking anything.
-            growth = growth.saturating_add(new.saturating_sub(holds[i]));
-        }
-        let free = tree.nodes[0].rate.saturating_sub(used);
-        for &i in &leaves {
-            let wanted = alloc[i].saturating_sub(holds[i]);
-            if wanted > 0 {
-                let given = if growth <= free {
-                    wanted
-                } else {
-                    saturate(u128::from(wanted) * u128::from(free) / u128::from(growth))
-                };
-                out[i] = alloc[i].min(holds[i]) + given;
-            }
-        }
-        self.granted.clone_from(&out);
-        out
-    }
-}
-
 /// One host's fair share of a class's rate, as max-min fairness has it, for isolation inside
 /// the class (bits/s). Over the last tick the datapath saw `over` hosts over their share
 /// `previous`, `near` hosts within it but sending a good part of it (they contend for the
@@ -324,7 +292,7 @@ fn percent_over(value: u64, percent: u64) -> u64 {
     saturate(u128::from(value) * u128::from(100 + percent) / 100)
 }
 
-fn saturate(v: u128) -> u64 {
+pub(crate) fn saturate(v: u128) -> u64 {
     u64::try_from(v).unwrap_or(u64::MAX)
 }
 
@@ -335,12 +303,6 @@ pub fn slide<T>(samples: &mut VecDeque<(u64, T)>, now: u64, sample: T, window: u
     while samples.len() > 2 && samples.get(1).is_some_and(|s| now.saturating_sub(s.0) >= window) {
         samples.pop_front();
     }
-}
-
-/// The rate a leaf is paced at: its allocation, and never less than its guarantee.
-#[must_use]
-pub fn pacing_rate(allocated: u64, guaranteed: u64) -> u64 {
-    allocated.max(guaranteed)
 }
 
 #[cfg(test)]
@@ -450,6 +412,21 @@ mod tests {
     }
 
     #[test]
+    fn a_class_that_wakes_is_measured_from_when_it_was_quiet() {
+        let mut e = Estimator::new();
+        let mut s = (0, Counters::default());
+        drive(&mut e, &mut s, 0, 8 * MBIT, 40, false);
+        // One packet (a ping): still quiet, and it wants about what 100 ms of it make.
+        let r = drive(&mut e, &mut s, 1514 * 8 * 100, 8 * MBIT, 1, false);
+        assert!(r.demand < 200_000, "{r:?}");
+        drive(&mut e, &mut s, 0, 8 * MBIT, 40, false);
+        // A transfer at 8 mbit/s for 20 ms: it wants that, not the 1.6 mbit/s of the 100 ms
+        // it was quiet for most of.
+        let r = drive(&mut e, &mut s, 8 * MBIT, 8 * MBIT, 2, false);
+        assert!(r.demand >= 8 * MBIT, "{r:?}");
+    }
+
+    #[test]
     fn the_dead_band_keeps_a_steady_demand_steady() {
         let mut e = Estimator::new();
         let mut s = (0, Counters::default());
@@ -473,29 +450,6 @@ mod tests {
     }
 
     #[test]
-    fn capacity_a_lowered_class_still_uses_is_not_given_away() {
-        use crate::tree::Node;
-        let leaf = |rate| Node { rate, ceil: 10 * MBIT, prio: 0, weight: rate, children: Vec::new() };
-        let mut root = leaf(10 * MBIT);
-        root.children = vec![1, 2];
-        let tree = Tree { nodes: vec![root, leaf(MBIT), leaf(MBIT)] };
-        let mut s = Settler::default();
-        assert_eq!(s.settle(&tree, &[10 * MBIT, 9 * MBIT, MBIT], &[0, 0, 0], 0), [10 * MBIT, 9 * MBIT, MBIT]);
-        // Class 1 drops to 5 with 20 ms queued at 9: class 2 may not grow yet.
-        let a = s.settle(&tree, &[10 * MBIT, 5 * MBIT, 5 * MBIT], &[0, 20 * MS, 0], 10 * MS);
-        assert_eq!((a[1], a[2]), (5 * MBIT, MBIT));
-        // Once that queue has left, it gets its share.
-        let a = s.settle(&tree, &[10 * MBIT, 5 * MBIT, 5 * MBIT], &[0, 5 * MS, 0], 31 * MS);
-        assert_eq!((a[1], a[2]), (5 * MBIT, 5 * MBIT));
-        // Class 1 drops to 4 with 20 ms queued at 5, then wants 5 again: its own queue does not
-        // hold it back.
-        let a = s.settle(&tree, &[10 * MBIT, 4 * MBIT, 5 * MBIT], &[0, 20 * MS, 0], 40 * MS);
-        assert_eq!((a[1], a[2]), (4 * MBIT, 5 * MBIT));
-        let a = s.settle(&tree, &[10 * MBIT, 5 * MBIT, 5 * MBIT], &[0, 20 * MS, 0], 50 * MS);
-        assert_eq!((a[1], a[2]), (5 * MBIT, 5 * MBIT));
-    }
-
-    #[test]
     fn fair_shares_fill_the_class_max_min() {
         // A class of 10 mbit/s with a queue, 1 mbit/s from light hosts, one host over the
         // share and one near it: 4.5 each.
@@ -509,11 +463,5 @@ mod tests {
         assert_eq!(fair_share(10 * MBIT, true, 0, 8, 0, 4 * MBIT), 2 * MBIT);
         // No queue: no limit.
         assert_eq!(fair_share(10 * MBIT, false, 0, 3, 1, 2 * MBIT), 10 * MBIT);
-    }
-
-    #[test]
-    fn never_paced_below_the_guarantee() {
-        assert_eq!(pacing_rate(0, 300_000), 300_000);
-        assert_eq!(pacing_rate(8_100_000, 300_000), 8_100_000);
     }
 }

@@ -7,6 +7,8 @@
 //! - [`bpf`]: the embedded tc program, its loading, attachment and typed maps;
 //! - [`demand`]: what each class wants, estimated every tick from the datapath's counters;
 //! - [`tree`]: the class tree and the allocator (HTB's rules) that turns demands into rates;
+//! - [`pacing`]: from allocations to the rates the datapath paces at (handing the link on,
+//!   wake rates);
 //! - [`qdisc`]: the `fq` root qdisc that enforces departure times (netlink);
 //! - [`api`]: the control protocol between `shaperctl` and `shaperd`;
 //! - [`metrics`]: the Prometheus exposition served at `/metrics`;
@@ -20,6 +22,7 @@ pub mod demand;
 pub mod metrics;
 #[cfg(test)]
 pub mod model;
+pub mod pacing;
 pub mod qdisc;
 pub mod rate;
 pub mod rules;

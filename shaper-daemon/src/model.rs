@@ -2,7 +2,7 @@
 //! traffic sources offer packets, a sequential copy of the datapath's pacing (class clocks,
 //! sparse budget, horizon, CoDel) gives them departure times, and every tick the real
 //! [`Estimator`](crate::demand::Estimator), [`Tree::allocate`] and
-//! [`Settler`](crate::demand::Settler) set the classes' pacing
+//! [`Pacer`](crate::pacing::Pacer) set the classes' pacing
 //! rates from the model's counters, as shaperd does from the maps. The loop is closed:
 //! demand → allocation → pacing → what the sources can send → measured demand.
 //!
@@ -20,6 +20,7 @@ use crate::{
     config::DEFAULT_AQM,
     daemon,
     demand::{self, Counters, Estimator, Observation},
+    pacing::Pacer,
     rate::Rate,
     tree::{Node, Tree},
 };
@@ -85,11 +86,15 @@ impl Run {
     }
 
     /// The most wire bytes of class `class` (all classes: `None`) whose departures fall in
-    /// one window of `window` ns, over windows starting at every departure.
+    /// one window of `window` ns, over windows starting at every departure at or after `from`.
     #[must_use]
-    pub fn max_in_window(&self, class: Option<usize>, window: u64) -> u64 {
-        let mut v: Vec<(u64, u64)> =
-            self.departures.iter().filter(|d| class.is_none_or(|c| d.1 == c)).map(|d| (d.0, u64::from(d.2))).collect();
+    pub fn max_in_window(&self, class: Option<usize>, window: u64, from: u64) -> u64 {
+        let mut v: Vec<(u64, u64)> = self
+            .departures
+            .iter()
+            .filter(|d| class.is_none_or(|c| d.1 == c) && d.0 >= from)
+            .map(|d| (d.0, u64::from(d.2)))
+            .collect();
         v.sort_unstable();
         let (mut best, mut sum, mut lo) = (0, 0, 0);
         for hi in 0..v.len() {
@@ -210,7 +215,7 @@ pub fn simulate(link: u64, classes: &[ClassSpec], duration: u64, tick: u64, hori
         classes.iter().map(|c| ClassState { rate: c.rate / 8, ..ClassState::default() }).collect();
     let mut flows: HashMap<(usize, u32), u64> = HashMap::new();
     let mut run = Run { classes: classes.to_vec(), departures: Vec::new(), pacing: Vec::new() };
-    let mut settler = demand::Settler::default();
+    let mut pacer = Pacer::default();
     let mut next_tick = tick;
     let mut now = 0u64;
     while now < duration {
@@ -234,6 +239,7 @@ pub fn simulate(link: u64, classes: &[ClassSpec], duration: u64, tick: u64, hori
         if now >= next_tick {
             next_tick += tick;
             let mut demand = vec![0u64; classes.len() + 1];
+            let mut limited = vec![false; classes.len() + 1];
             for (c, s) in st.iter_mut().enumerate() {
                 let e = s.estimator.update(&Observation {
                     now_ns: now,
@@ -242,11 +248,12 @@ pub fn simulate(link: u64, classes: &[ClassSpec], duration: u64, tick: u64, hori
                     pacing: s.rate * 8,
                 });
                 demand[c + 1] = e.demand;
+                limited[c + 1] = e.limited;
             }
             let backlog: Vec<u64> = std::iter::once(0).chain(st.iter().map(|s| s.next.saturating_sub(now))).collect();
-            let alloc = settler.settle(&tree, &tree.allocate(&demand), &backlog, now);
+            let rates = pacer.tick(&tree, &demand, &limited, &backlog, now);
             for (c, s) in st.iter_mut().enumerate() {
-                s.rate = demand::pacing_rate(alloc[c + 1], classes[c].rate) / 8;
+                s.rate = rates.pacing[c + 1] / 8;
             }
             run.pacing.push(st.iter().map(|s| s.rate * 8).collect());
         }
@@ -453,8 +460,52 @@ mod tests {
     fn an_application_writing_in_bursts_keeps_its_share() {
         let bursts = Source::Bursts { burst: 16_384, period_ns: 50 * MS };
         let run = check(&roommates([GREEDY, GREEDY, bursts, Source::Idle]), &[2_930_000, 4_470_000, 2_620_000, 0]);
-        let most = run.max_in_window(None, SECOND);
+        // From the first second on: the three classes start together, each paced at what it
+        // would get alone for their first tick (see `classes_that_wake_together_...`).
+        let most = run.max_in_window(None, SECOND, SECOND);
         assert!(most <= 10 * MBIT / 8 + 2 * FULL_FRAME, "{most} bytes in a second through a 10 mbit/s link");
+    }
+
+    /// Quiet classes are paced at what each would get if it woke alone (`pacing`), so classes
+    /// that start in the same tick overshoot the link until the next tick moves them down:
+    /// by at most a tick at each one's wake rate, once; then the link holds.
+    #[test]
+    fn classes_that_wake_together_overshoot_the_link_for_a_tick_at_most() {
+        let run = simulate(10 * MBIT, &roommates([GREEDY, GREEDY, GREEDY, Source::Idle]), 3 * SECOND, TICK, HORIZON);
+        let first = run.max_in_window(None, 100 * MS, 0);
+        let wakers = 3;
+        assert!(first <= (10 * MBIT + wakers * 10 * MBIT * TICK / (100 * MS)) / 8 / 10, "{first} bytes in 100 ms");
+        let later = run.max_in_window(None, 100 * MS, 200 * MS);
+        assert!(later <= 10 * MBIT / 8 / 10 + 3 * FULL_FRAME, "{later} bytes in 100 ms after the start");
+        // Within a tick they are where HTB puts them.
+        let rates = run.rates(SECOND, 3 * SECOND);
+        let htb = reference(
+            10 * MBIT,
+            &roommates([GREEDY, GREEDY, GREEDY, Source::Idle]),
+            &[u64::MAX, u64::MAX, u64::MAX, 0],
+        );
+        for (g, e) in rates.iter().zip(&htb) {
+            assert!(g.abs_diff(*e) <= e / 50, "{:?} against {:?}", mbit(&rates), mbit(&htb));
+        }
+    }
+
+    /// A quiet class that starts a transfer next to a greedy borrower is paced at its share
+    /// from its first packet: the guest's first 100 ms carry its share of them, not its
+    /// 0.3 mbit/s guarantee (which queued a TCP sender's first window past the horizon).
+    #[test]
+    fn a_class_that_wakes_gets_its_share_from_its_first_packet() {
+        let wakes = Source::OnOff { bits: 8 * MBIT, on_ns: SECOND, off_ns: SECOND };
+        let classes = roommates([GREEDY, Source::Idle, Source::Idle, wakes]);
+        let run = simulate(10 * MBIT, &classes, 3 * SECOND, TICK, HORIZON);
+        // The guest's on phase starts at 2 s (a second on, a second off from 0): the first
+        // 50 ms after that.
+        let bytes: u64 = run
+            .departures
+            .iter()
+            .filter(|d| d.1 == 3 && (2 * SECOND..2 * SECOND + 50 * MS).contains(&d.0))
+            .map(|d| u64::from(d.2))
+            .sum();
+        assert!(bytes * 8 * 20 >= 7 * MBIT, "{bytes} bytes in the guest's first 50 ms");
     }
 
     #[test]
@@ -470,9 +521,9 @@ mod tests {
         ];
         let run = simulate(10 * MBIT, &classes, 5 * SECOND, TICK, HORIZON);
         let window = 100 * MS;
-        let capped = run.max_in_window(Some(0), window);
+        let capped = run.max_in_window(Some(0), window, 0);
         assert!(capped <= MBIT / 8 / 10 + FULL_FRAME, "{capped} bytes in 100 ms through a 1 mbit/s ceiling");
-        let all = run.max_in_window(None, window);
+        let all = run.max_in_window(None, window, 0);
         assert!(all <= 10 * MBIT / 8 / 10 + 2 * FULL_FRAME, "{all} bytes in 100 ms through a 10 mbit/s link");
         let rates = run.rates(SECOND, 5 * SECOND);
         assert!(rates[0] + rates[1] >= 99 * 10 * MBIT / 100, "{:?}", mbit(&rates));
@@ -556,12 +607,12 @@ mod tests {
             let run = simulate(link, &classes, 6 * SECOND, TICK, HORIZON);
             let window = 100 * MS;
             for (c, spec) in classes.iter().enumerate() {
-                let most = run.max_in_window(Some(c), window);
+                let most = run.max_in_window(Some(c), window, 0);
                 prop_assert!(most <= spec.ceil / 8 / 10 + 2 * FULL_FRAME, "class {} sent {} bytes in 100 ms, ceil {}", c, most, spec.ceil);
             }
             let demand: Option<Vec<u64>> = classes.iter().map(|c| steady_demand(&c.source)).collect();
             if let Some(demand) = demand {
-                let all = run.max_in_window(None, window);
+                let all = run.max_in_window(None, window, 0);
                 prop_assert!(all <= link / 8 / 10 + 3 * FULL_FRAME, "link: {} bytes in 100 ms", all);
                 // HTB's shares when the steady classes want 2 % more than they send: their
                 // headroom, which is not lent (see `demand`).

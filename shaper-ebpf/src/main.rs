@@ -359,12 +359,14 @@ fn share(config: &ClassConfig, host: &[u8; 16], class_hash: u64, bytes: u64, sta
         }
         Share::Over
     } else {
-        if near && st.over_epoch != epoch {
-            if st.near_epoch != epoch {
+        if near || st.over_epoch == epoch || st.near_epoch == epoch {
+            if st.over_epoch != epoch && st.near_epoch != epoch {
                 st.near_epoch = epoch;
                 stats.hosts_near += 1;
             }
         } else {
+            // Light: a host counted as contending this epoch is not (counted both ways, a
+            // lone greedy host's bytes came off its own share).
             stats.share_under_bytes += bytes;
         }
         Share::Within

@@ -160,6 +160,32 @@ impl Topology {
         v["Ok"]["status"]["classes"].clone()
     }
 
+    /// Prints each leaf class's counters as the daemon reports them: what a failing
+    /// measurement needs to be explained (drops by reason, the host share, the queue delay).
+    pub fn print_class_counters(&self) {
+        println!("  class     bytes        packets  drops horizon  aqm  share  ecn  sparse  share(bit/s)  p99 delay");
+        for c in self.status_now().as_array().into_iter().flatten().filter(|c| c["leaf"] == true) {
+            println!(
+                "  {:<8} {:>10} {:>10} {:>6} {:>7} {:>4} {:>6} {:>4} {:>7} {:>13} {:>6} us",
+                c["name"].as_str().unwrap_or("?"),
+                c["bytes"],
+                c["packets"],
+                c["drops"],
+                c["drops_horizon"],
+                c["drops_aqm"],
+                c["drops_share"],
+                c["ecn_marks"],
+                c["sparse_packets"],
+                c["share"],
+                c["p99_delay_us"]
+            );
+        }
+        let qdisc = self.gw.sh(&["tc", "-s", "qdisc", "show"]);
+        for line in String::from_utf8_lossy(&qdisc.stdout).lines() {
+            println!("  gw: {line}");
+        }
+    }
+
     /// Starts a one-shot iperf3 server (JSON output) on `port` in the server namespace and
     /// waits until it listens.
     #[must_use]
@@ -330,6 +356,8 @@ pub struct IperfResult {
     pub receiver: Vec<Interval>,
     /// The sender's mean goodput over the whole run, bits per second.
     pub sender_bits_per_second: f64,
+    /// Segments the sender retransmitted (TCP only).
+    pub retransmits: Option<u64>,
 }
 
 /// Waits for an iperf3 client and returns its receiver's intervals and its sender's rate.
@@ -343,7 +371,11 @@ pub fn iperf_result(client: Child) -> IperfResult {
     // TCP reports the sender's side as `sum_sent`, UDP as `sum`.
     let end = &v["end"];
     let sender = end["sum_sent"]["bits_per_second"].as_f64().or_else(|| end["sum"]["bits_per_second"].as_f64());
-    IperfResult { receiver, sender_bits_per_second: sender.unwrap_or_else(|| panic!("no sender summary in {end}")) }
+    IperfResult {
+        receiver,
+        sender_bits_per_second: sender.unwrap_or_else(|| panic!("no sender summary in {end}")),
+        retransmits: end["sum_sent"]["retransmits"].as_u64(),
+    }
 }
 
 /// Ethernet + IPv4 + UDP headers: a UDP datagram of `n` payload bytes is `n + 42` bytes on

@@ -18,8 +18,8 @@ use std::{
 
 use shaper_tests::{
     gateway::{
-        goodput, htb_fq_codel_commands, receiver_intervals, require_fq, wire_rate, Topology, SERVER, UDP_PAYLOAD,
-        WIRE_PER_GOODPUT, WIRE_PER_UDP_GOODPUT,
+        goodput, htb_fq_codel_commands, iperf_result, receiver_intervals, require_fq, wire_rate, Topology, SERVER,
+        UDP_PAYLOAD, WIRE_PER_GOODPUT, WIRE_PER_UDP_GOODPUT,
     },
     sh, veth, Netns,
 };
@@ -654,9 +654,12 @@ fn seed_000_timeline_alex_alone_then_the_guest_joins() {
     };
     let control_exchange = data_started.unwrap().duration_since(first_bytes.unwrap());
     let join_offset = joined.duration_since(started).as_secs_f64();
-    let alex = receiver_intervals(alex);
-    let guest = receiver_intervals(guest);
+    let alex = iperf_result(alex);
+    let guest = iperf_result(guest);
     drop(servers);
+    topo.print_class_counters();
+    println!("  retransmitted segments: alex {:?}, guest {:?}", alex.retransmits, guest.retransmits);
+    let (alex, guest) = (alex.receiver, guest.receiver);
     println!("alex alone, then the guest joins at {join_offset:.2} s (per second, wire mbit/s):");
     for i in &alex {
         let g = guest

@@ -1,0 +1,274 @@
+//! From allocations to the rates the datapath paces at, every tick.
+//!
+//! The allocator ([`crate::tree`]) divides the link among the classes by what each wants
+//! ([`crate::demand`]). Two things stand between its allocation and the rates the datapath
+//! paces at, both because EDT gives a packet its departure time when it arrives, and a
+//! packet already given one cannot be called back:
+//!
+//! - **The link is handed on once it is free** ([`Settler`]): what a lowered class gives up
+//!   is given to the classes that grow only once the packets it queued at its old rate have
+//!   left.
+//! - **A quiet class is paced at its wake rate**: what the allocator would give it if it
+//!   became greedy now, with every other class's demand as it is. A class that sends little
+//!   (nothing, DNS, a ping) is allocated little; paced at that (or at its guarantee), the
+//!   first window of a transfer it starts would be queued far ahead at a rate that lasts
+//!   only until the next tick, or dropped at the horizon, and TCP would stall on the losses
+//!   for seconds. HTB lends such a class the borrowers' bandwidth the moment it has a packet;
+//!   paced at its wake rate, its packets leave as HTB would send them, and the borrowers are
+//!   moved down at the next tick. The link may carry both for up to a tick (plus the queue
+//!   the borrowers had), as it may whenever an allocation changes.
+//!
+//!   A class is quiet when it is not limited and wants at most 1/[`QUIET_DIVISOR`] of its
+//!   wake rate. The wake rates cost one allocation each; they are refreshed round-robin
+//!   within [`WAKE_BUDGET`] node visits a tick (every tick for trees of up to a few hundred
+//!   classes).
+//! - No class is paced below its guarantee.
+
+use std::collections::VecDeque;
+
+use crate::{
+    demand::{saturate, FRAME_BITS},
+    tree::Tree,
+};
+
+/// A class that is not limited is quiet while it wants at most `1/QUIET_DIVISOR` of its wake
+/// rate: paced at the wake rate, what it sends can add at most that much to the link.
+pub const QUIET_DIVISOR: u64 = 8;
+
+/// Node visits per tick the wake rates may cost (an allocation visits every node).
+pub const WAKE_BUDGET: usize = 4096;
+
+/// The rates of one tick, indexed like the tree's nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rates {
+    /// The allocator's share, as the link is handed on (inner nodes: their children's sum).
+    pub allocated: Vec<u64>,
+    /// The rate each leaf is paced at (inner nodes: their allocation).
+    pub pacing: Vec<u64>,
+}
+
+/// Turns allocations into pacing rates, tick after tick (see the module docs).
+#[derive(Debug, Clone, Default)]
+pub struct Pacer {
+    settler: Settler,
+    /// Per node: the leaf's wake rate, as last computed (0: never).
+    wake: Vec<u64>,
+    /// The next leaf whose wake rate to compute.
+    cursor: usize,
+}
+
+impl Pacer {
+    /// The rates for this tick: `demand` and `limited` per node (as the estimators give them
+    /// for leaves; ignored for inner nodes), each leaf's queue (`backlog_ns`) at `now_ns`.
+    pub fn tick(&mut self, tree: &Tree, demand: &[u64], limited: &[bool], backlog_ns: &[u64], now_ns: u64) -> Rates {
+        let n = tree.nodes.len();
+        let allocated = self.settler.settle(tree, &tree.allocate(demand), backlog_ns, now_ns);
+        self.refresh_wake(tree, demand, limited);
+        let mut pacing = allocated.clone();
+        for i in (1..n).filter(|&i| tree.is_leaf(i)) {
+            let wake = self.wake[i];
+            let quiet = !limited[i] && demand[i] <= wake / QUIET_DIVISOR;
+            let rate = if quiet { allocated[i].max(wake) } else { allocated[i] };
+            pacing[i] = rate.max(tree.nodes[i].rate);
+            self.settler.paced_at(i, pacing[i]);
+        }
+        Rates { allocated, pacing }
+    }
+
+    /// Computes the wake rates of as many leaves as [`WAKE_BUDGET`] allows, round-robin
+    /// (limited leaves have no use for one and are skipped).
+    fn refresh_wake(&mut self, tree: &Tree, demand: &[u64], limited: &[bool]) {
+        let n = tree.nodes.len();
+        if self.wake.len() != n {
+            self.wake = vec![0; n];
+            self.cursor = 0;
+        }
+        let mut what_if = demand.to_vec();
+        let mut left = (WAKE_BUDGET / n.max(1)).max(1);
+        for _ in 0..n {
+            if left == 0 {
+                break;
+            }
+            let i = self.cursor;
+            self.cursor = (self.cursor + 1) % n;
+            if i == 0 || !tree.is_leaf(i) || limited[i] {
+                continue;
+            }
+            what_if[i] = u64::MAX;
+            self.wake[i] = tree.allocate(&what_if)[i];
+            what_if[i] = demand[i];
+            left -= 1;
+        }
+    }
+}
+
+/// Most cuts a [`Settler`] remembers per class (each lasts as long as the queue it left).
+const MAX_HOLDS: usize = 64;
+
+/// Holds back what the allocator gives to classes whose allocation grows while a class whose
+/// allocation was lowered still has packets queued at its old rate: the datapath gave those
+/// packets their departure times already, and they leave as scheduled, so the capacity a
+/// lowered class gives up is only free once its queue has drained. Without this, the link
+/// carries both the old queue and the newcomer's new rate for that long.
+#[derive(Debug, Clone, Default)]
+pub struct Settler {
+    /// What each leaf was paced at after the last tick (nodes: what they were given).
+    granted: Vec<u64>,
+    /// Per node: the rates its queued packets still leave at, and until when (ns), oldest
+    /// first.
+    held: Vec<VecDeque<(u64, u64)>>,
+}
+
+impl Settler {
+    /// The allocation to apply now, given the allocator's `alloc` for `tree`, and each leaf's
+    /// queue (`backlog_ns`, indexed like the nodes) at `now_ns`. Decreases apply at once;
+    /// increases share what the link has left after every class's current allocation and
+    /// every lowered class's queue, in proportion to how much each grows.
+    pub fn settle(&mut self, tree: &Tree, alloc: &[u64], backlog_ns: &[u64], now_ns: u64) -> Vec<u64> {
+        let n = alloc.len();
+        if self.granted.len() != n {
+            self.granted = alloc.to_vec();
+            self.held = vec![VecDeque::new(); n];
+            return alloc.to_vec();
+        }
+        let leaves: Vec<usize> = (1..n).filter(|&i| tree.is_leaf(i)).collect();
+        let mut out = alloc.to_vec();
+        // What each leaf holds now: its new allocation if that is not more than it had, its
+        // old one otherwise, and the rate its queued packets still leave at.
+        let mut holds = vec![0u64; n];
+        let (mut used, mut growth) = (0u64, 0u64);
+        for &i in &leaves {
+            let (old, new) = (self.granted[i], alloc[i]);
+            // A cut whose queued packets would add less than half a frame to the link is not
+            // held: holding it would stall a class that wants to grow by as little.
+            let excess_bits = u128::from(old.saturating_sub(new)) * u128::from(backlog_ns[i]) / 1_000_000_000;
+            let held = &mut self.held[i];
+            while held.front().is_some_and(|&(_, until)| until <= now_ns) {
+                held.pop_front();
+            }
+            if new < old && excess_bits > u128::from(FRAME_BITS / 2) && held.len() < MAX_HOLDS {
+                // The packets queued until then were given departure times at `old`.
+                held.push_back((old, now_ns.saturating_add(backlog_ns[i])));
+            }
+            let leaving = held.iter().map(|&(rate, _)| rate).max().unwrap_or(0);
+            holds[i] = new.min(old).max(leaving);
+            used = used.saturating_add(holds[i]);
+            // A class may grow back to what its own queue holds without taking anything.
+            growth = growth.saturating_add(new.saturating_sub(holds[i]));
+        }
+        let free = tree.nodes[0].rate.saturating_sub(used);
+        for &i in &leaves {
+            let wanted = alloc[i].saturating_sub(holds[i]);
+            if wanted > 0 {
+                let given = if growth <= free {
+                    wanted
+                } else {
+                    saturate(u128::from(wanted) * u128::from(free) / u128::from(growth))
+                };
+                out[i] = alloc[i].min(holds[i]) + given;
+            }
+        }
+        self.granted.clone_from(&out);
+        out
+    }
+
+    /// Records that leaf `i` is paced at `rate`, more than it was given (a quiet class paced
+    /// at its wake rate): a class that then starts sending keeps that rate without growing.
+    fn paced_at(&mut self, i: usize, rate: u64) {
+        if let Some(g) = self.granted.get_mut(i) {
+            *g = (*g).max(rate);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::Node;
+
+    const MS: u64 = 1_000_000;
+    const MBIT: u64 = 1_000_000;
+
+    fn leaf(rate: u64, prio: u8) -> Node {
+        Node { rate, ceil: 10 * MBIT, prio, weight: rate, children: Vec::new() }
+    }
+
+    /// A 10 mbit/s link over `leaves`.
+    fn flat(leaves: Vec<Node>) -> Tree {
+        let mut root = leaf(10 * MBIT, 0);
+        root.children = (1..=leaves.len()).collect();
+        Tree { nodes: std::iter::once(root).chain(leaves).collect() }
+    }
+
+    #[test]
+    fn capacity_a_lowered_class_still_uses_is_not_given_away() {
+        use crate::tree::Node;
+        let leaf = |rate| Node { rate, ceil: 10 * MBIT, prio: 0, weight: rate, children: Vec::new() };
+        let mut root = leaf(10 * MBIT);
+        root.children = vec![1, 2];
+        let tree = Tree { nodes: vec![root, leaf(MBIT), leaf(MBIT)] };
+        let mut s = Settler::default();
+        assert_eq!(s.settle(&tree, &[10 * MBIT, 9 * MBIT, MBIT], &[0, 0, 0], 0), [10 * MBIT, 9 * MBIT, MBIT]);
+        // Class 1 drops to 5 with 20 ms queued at 9: class 2 may not grow yet.
+        let a = s.settle(&tree, &[10 * MBIT, 5 * MBIT, 5 * MBIT], &[0, 20 * MS, 0], 10 * MS);
+        assert_eq!((a[1], a[2]), (5 * MBIT, MBIT));
+        // Once that queue has left, it gets its share.
+        let a = s.settle(&tree, &[10 * MBIT, 5 * MBIT, 5 * MBIT], &[0, 5 * MS, 0], 31 * MS);
+        assert_eq!((a[1], a[2]), (5 * MBIT, 5 * MBIT));
+        // Class 1 drops to 4 with 20 ms queued at 5, then wants 5 again: its own queue does not
+        // hold it back.
+        let a = s.settle(&tree, &[10 * MBIT, 4 * MBIT, 5 * MBIT], &[0, 20 * MS, 0], 40 * MS);
+        assert_eq!((a[1], a[2]), (4 * MBIT, 5 * MBIT));
+        let a = s.settle(&tree, &[10 * MBIT, 5 * MBIT, 5 * MBIT], &[0, 20 * MS, 0], 50 * MS);
+        assert_eq!((a[1], a[2]), (5 * MBIT, 5 * MBIT));
+    }
+
+    #[test]
+    fn a_quiet_class_is_paced_at_what_it_would_get_if_it_woke() {
+        // Seed 000: alex (1.9, prio 1) greedy, the guest (0.3, prio 0) sends a few packets.
+        let tree = flat(vec![leaf(1_900_000, 1), leaf(300_000, 0)]);
+        let mut p = Pacer::default();
+        let r = p.tick(&tree, &[0, u64::MAX, 20_000], &[false, true, false], &[0, 10 * MS, 0], 0);
+        // The guest is allocated what it sends, and paced at what it would be given greedy.
+        assert_eq!((r.allocated[1], r.allocated[2]), (10 * MBIT - 20_000, 20_000));
+        assert_eq!((r.pacing[1], r.pacing[2]), (10 * MBIT - 20_000, 8_100_000));
+        // It starts a transfer: it keeps that rate while alex's queue drains, and alex is
+        // moved down at once.
+        let r = p.tick(&tree, &[0, u64::MAX, u64::MAX], &[false, true, true], &[0, 10 * MS, 5 * MS], 10 * MS);
+        assert_eq!((r.pacing[1], r.pacing[2]), (1_900_000, 8_100_000));
+    }
+
+    #[test]
+    fn a_class_that_sends_much_is_not_quiet() {
+        let tree = flat(vec![leaf(1_900_000, 1), leaf(300_000, 0)]);
+        let mut p = Pacer::default();
+        // A guest streaming 2 mbit/s (over 1/8 of its wake rate) is paced at its allocation.
+        let r = p.tick(&tree, &[0, u64::MAX, 2 * MBIT], &[false, true, false], &[0, 10 * MS, 0], 0);
+        assert_eq!(r.pacing[2], 2 * MBIT);
+        // A limited class is paced at its allocation however little it is.
+        let r = p.tick(&tree, &[0, u64::MAX, 400_000], &[false, true, true], &[0, 10 * MS, 0], 10 * MS);
+        assert_eq!(r.pacing[2], 400_000);
+    }
+
+    #[test]
+    fn never_paced_below_the_guarantee() {
+        let tree = flat(vec![leaf(5 * MBIT, 0), leaf(5 * MBIT, 0)]);
+        let mut p = Pacer::default();
+        let r = p.tick(&tree, &[0, u64::MAX, 3 * MBIT], &[false, true, false], &[0, 0, 0], 0);
+        assert_eq!((r.pacing[1], r.pacing[2]), (7 * MBIT, 5 * MBIT));
+    }
+
+    #[test]
+    fn wake_rates_stay_within_the_budget() {
+        let leaves = 2 * WAKE_BUDGET;
+        let tree = flat((0..leaves).map(|_| leaf(1_000, 0)).collect());
+        let mut p = Pacer::default();
+        let demand = vec![0; leaves + 1];
+        let limited = vec![false; leaves + 1];
+        let backlog = vec![0; leaves + 1];
+        let _ = p.tick(&tree, &demand, &limited, &backlog, 0);
+        assert_eq!(p.wake.iter().filter(|&&w| w > 0).count(), 1, "one allocation of 8193 nodes a tick");
+        let _ = p.tick(&tree, &demand, &limited, &backlog, 10 * MS);
+        assert_eq!(p.wake.iter().filter(|&&w| w > 0).count(), 2);
+    }
+}
