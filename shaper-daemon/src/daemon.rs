@@ -27,7 +27,7 @@ use crate::{
     },
     demand::{self, Counters, Estimator, Observation},
     metrics::{self, ClassSample, Metrics, Snapshot},
-    pacing::Pacer,
+    pacing::{self, Pacer},
     qdisc::{self, FqGuard, QdiscError},
     rate::Rate,
     rules::{self, CompileError, RuleSpec},
@@ -671,9 +671,7 @@ impl State {
         let mono = monotonic_ns();
         let elapsed = mono.saturating_sub(std::mem::replace(&mut self.last_tick_ns, mono));
         for t in &mut self.trees {
-            let mut demand = vec![0u64; t.tree.nodes.len()];
-            let mut backlog = vec![0u64; t.tree.nodes.len()];
-            let mut limited = vec![false; t.tree.nodes.len()];
+            let mut leaves = vec![pacing::Leaf::default(); t.tree.nodes.len()];
             // Isolation, per node: (bits/s from light hosts, hosts over their share, hosts
             // near it) over the last tick.
             let mut hosts = vec![(0u64, 0u64, 0u64); t.tree.nodes.len()];
@@ -685,7 +683,7 @@ impl State {
                 }
                 let stats = self.datapath.class_stats(entry.id)?;
                 let clock = self.datapath.class_state(entry.id)?.next_ns;
-                backlog[node] = clock.saturating_sub(mono);
+                let backlog = clock.saturating_sub(mono);
                 let estimate = entry.estimator.update(&Observation {
                     now_ns: mono,
                     counters: Counters {
@@ -696,14 +694,18 @@ impl State {
                         packets: stats.packets,
                         idle_packets: stats.idle_packets,
                     },
-                    backlog_ns: backlog[node],
+                    backlog_ns: backlog,
                     pacing: entry.current.bits_per_sec(),
                 });
                 entry.throughput = Rate::from_bits_per_sec(estimate.offered);
                 entry.limited = estimate.limited;
                 entry.record_delays(mono, stats.delay_hist);
-                demand[node] = estimate.demand;
-                limited[node] = estimate.limited;
+                leaves[node] = pacing::Leaf {
+                    demand: estimate.demand,
+                    limited: estimate.limited,
+                    lately_limited: estimate.lately_limited,
+                    backlog_ns: backlog,
+                };
                 let now = (stats.share_under_bytes, stats.hosts_over, stats.hosts_near);
                 let (under, over, near) = std::mem::replace(&mut entry.share_counters, now);
                 let under_bits = u128::from(now.0.saturating_sub(under)) * 8 * 1_000_000_000;
@@ -713,7 +715,7 @@ impl State {
                     now.2.saturating_sub(near),
                 );
             }
-            let rates = t.pacer.tick(&t.tree, &demand, &limited, &backlog, mono);
+            let rates = t.pacer.tick(&t.tree, &leaves, mono);
             for (node, class) in t.classes.iter().enumerate() {
                 let Some(c) = *class else { continue };
                 let entry = &mut self.classes[c];

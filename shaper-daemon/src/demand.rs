@@ -103,6 +103,9 @@ pub struct Estimate {
     pub offered: u64,
     /// Whether the pacing rate holds the class back.
     pub limited: bool,
+    /// Whether it did within [`RATE_WINDOW_NS`]: the class would send more (a greedy TCP
+    /// flow between two windows is not limited for a moment).
+    pub lately_limited: bool,
 }
 
 /// The demand estimator of one leaf class: its counter history and last demand.
@@ -233,7 +236,8 @@ impl Estimator {
         if over_silence < WAKE_FRAMES * FRAME_BITS / 8 {
             self.quiet_at = Some((o.now_ns, o.counters));
         }
-        Estimate { demand, offered, limited }
+        let lately_limited = self.limited_at.is_some_and(|t| o.now_ns.saturating_sub(t) <= RATE_WINDOW_NS);
+        Estimate { demand, offered, limited, lately_limited }
     }
 
     /// The offered rate from sample `since` to the observation, bits/s.

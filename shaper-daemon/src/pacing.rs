@@ -22,6 +22,11 @@
 //!   wake rate. The wake rates cost one allocation each; they are refreshed round-robin
 //!   within [`WAKE_BUDGET`] node visits a tick (every tick for trees of up to a few hundred
 //!   classes).
+//! - **What no class was allocated is lent** to the classes that send, by HTB's rules (prio,
+//!   weight, every ceil), on top of their allocations: the rates paced add up to the link
+//!   at most, and what one class leaves idle another may send at once. HTB's borrowing is
+//!   instant: a greedy TCP flow that halved its window, or a borrower the tick an on/off
+//!   sender stops, would otherwise wait for its estimator to catch up.
 //! - No class is paced below its guarantee.
 
 use std::collections::VecDeque;
@@ -47,6 +52,20 @@ pub struct Rates {
     pub pacing: Vec<u64>,
 }
 
+/// What the pacer knows of one leaf at a tick (inner nodes: the default).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Leaf {
+    /// What it wants (its estimator's demand), bits/s.
+    pub demand: u64,
+    /// Whether its pacing rate holds it back now.
+    pub limited: bool,
+    /// Whether it was limited within its estimator's long window: it would send more (a
+    /// greedy TCP flow between two windows is not limited for a moment).
+    pub lately_limited: bool,
+    /// How far ahead of now its clock is, ns.
+    pub backlog_ns: u64,
+}
+
 /// Turns allocations into pacing rates, tick after tick (see the module docs).
 #[derive(Debug, Clone, Default)]
 pub struct Pacer {
@@ -58,26 +77,57 @@ pub struct Pacer {
 }
 
 impl Pacer {
-    /// The rates for this tick: `demand` and `limited` per node (as the estimators give them
-    /// for leaves; ignored for inner nodes), each leaf's queue (`backlog_ns`) at `now_ns`.
-    pub fn tick(&mut self, tree: &Tree, demand: &[u64], limited: &[bool], backlog_ns: &[u64], now_ns: u64) -> Rates {
+    /// The rates for this tick, given what is known of each leaf at `now_ns` (`leaves`,
+    /// indexed like the tree's nodes).
+    pub fn tick(&mut self, tree: &Tree, leaves: &[Leaf], now_ns: u64) -> Rates {
         let n = tree.nodes.len();
-        let allocated = self.settler.settle(tree, &tree.allocate(demand), backlog_ns, now_ns);
-        self.refresh_wake(tree, demand, limited);
-        let mut pacing = allocated.clone();
+        assert_eq!(leaves.len(), n, "one entry per node");
+        let demand: Vec<u64> = leaves.iter().map(|l| l.demand).collect();
+        let backlog: Vec<u64> = leaves.iter().map(|l| l.backlog_ns).collect();
+        let allocated = self.settler.settle(tree, &tree.allocate(&demand), &backlog, now_ns);
+        self.refresh_wake(tree, &demand, leaves);
+        let mut pacing = Self::lend(tree, &allocated, leaves, self.settler.committed);
         for i in (1..n).filter(|&i| tree.is_leaf(i)) {
             let wake = self.wake[i];
-            let quiet = !limited[i] && demand[i] <= wake / QUIET_DIVISOR;
-            let rate = if quiet { allocated[i].max(wake) } else { allocated[i] };
+            let quiet = !leaves[i].limited && demand[i] <= wake / QUIET_DIVISOR;
+            let rate = if quiet { pacing[i].max(wake) } else { pacing[i] };
             pacing[i] = rate.max(tree.nodes[i].rate);
             self.settler.paced_at(i, pacing[i]);
         }
         Rates { allocated, pacing }
     }
 
+    /// Each node's allocation, plus what is left of the link over the leaves' allocations
+    /// (and the queues of lowered classes, `committed` in all), lent by HTB's rules to the
+    /// classes that would send more (limited lately). The rates so paced add up to the link
+    /// at most: what one class lets idle, another may send at once (a greedy TCP flow after
+    /// it halved its window, a borrower the tick a steady class stops), not a tick or more
+    /// later. A class that was never limited (a stream, an application's writes) is not
+    /// lent anything: it would not use it, and it would take it from those that would.
+    fn lend(tree: &Tree, allocated: &[u64], leaves: &[Leaf], committed: u64) -> Vec<u64> {
+        let n = tree.nodes.len();
+        let sum = (1..n).filter(|&i| tree.is_leaf(i)).map(|i| allocated[i]).fold(0, u64::saturating_add);
+        let root = &tree.nodes[0];
+        let cap = root.rate.min(root.ceil).saturating_sub(committed.saturating_sub(sum));
+        if cap <= sum {
+            return allocated.to_vec();
+        }
+        let mut want = allocated.to_vec();
+        let mut any = false;
+        for i in (1..n).filter(|&i| tree.is_leaf(i) && leaves[i].lately_limited) {
+            want[i] = u64::MAX;
+            any = true;
+        }
+        if any {
+            tree.allocate_over(&want, allocated, cap)
+        } else {
+            allocated.to_vec()
+        }
+    }
+
     /// Computes the wake rates of as many leaves as [`WAKE_BUDGET`] allows, round-robin
     /// (limited leaves have no use for one and are skipped).
-    fn refresh_wake(&mut self, tree: &Tree, demand: &[u64], limited: &[bool]) {
+    fn refresh_wake(&mut self, tree: &Tree, demand: &[u64], leaves: &[Leaf]) {
         let n = tree.nodes.len();
         if self.wake.len() != n {
             self.wake = vec![0; n];
@@ -91,7 +141,7 @@ impl Pacer {
             }
             let i = self.cursor;
             self.cursor = (self.cursor + 1) % n;
-            if i == 0 || !tree.is_leaf(i) || limited[i] {
+            if i == 0 || !tree.is_leaf(i) || leaves[i].limited {
                 continue;
             }
             what_if[i] = u64::MAX;
@@ -117,6 +167,9 @@ pub struct Settler {
     /// Per node: the rates its queued packets still leave at, and until when (ns), oldest
     /// first.
     held: Vec<VecDeque<(u64, u64)>>,
+    /// What the leaves take of the link after the last tick: each one's allocation, or the
+    /// rate its queued packets still leave at if higher.
+    committed: u64,
 }
 
 impl Settler {
@@ -126,16 +179,18 @@ impl Settler {
     /// every lowered class's queue, in proportion to how much each grows.
     pub fn settle(&mut self, tree: &Tree, alloc: &[u64], backlog_ns: &[u64], now_ns: u64) -> Vec<u64> {
         let n = alloc.len();
+        let leaves: Vec<usize> = (1..n).filter(|&i| tree.is_leaf(i)).collect();
         if self.granted.len() != n {
             self.granted = alloc.to_vec();
             self.held = vec![VecDeque::new(); n];
+            self.committed = leaves.iter().map(|&i| alloc[i]).fold(0, u64::saturating_add);
             return alloc.to_vec();
         }
-        let leaves: Vec<usize> = (1..n).filter(|&i| tree.is_leaf(i)).collect();
         let mut out = alloc.to_vec();
         // What each leaf holds now: its new allocation if that is not more than it had, its
         // old one otherwise, and the rate its queued packets still leave at.
         let mut holds = vec![0u64; n];
+        let mut leaving = vec![0u64; n];
         let (mut used, mut growth) = (0u64, 0u64);
         for &i in &leaves {
             let (old, new) = (self.granted[i], alloc[i]);
@@ -150,8 +205,8 @@ impl Settler {
                 // The packets queued until then were given departure times at `old`.
                 held.push_back((old, now_ns.saturating_add(backlog_ns[i])));
             }
-            let leaving = held.iter().map(|&(rate, _)| rate).max().unwrap_or(0);
-            holds[i] = new.min(old).max(leaving);
+            leaving[i] = held.iter().map(|&(rate, _)| rate).max().unwrap_or(0);
+            holds[i] = new.min(old).max(leaving[i]);
             used = used.saturating_add(holds[i]);
             // A class may grow back to what its own queue holds without taking anything.
             growth = growth.saturating_add(new.saturating_sub(holds[i]));
@@ -169,6 +224,7 @@ impl Settler {
             }
         }
         self.granted.clone_from(&out);
+        self.committed = leaves.iter().map(|&i| out[i].max(leaving[i])).fold(0, u64::saturating_add);
         out
     }
 
@@ -191,6 +247,19 @@ mod tests {
 
     fn leaf(rate: u64, prio: u8) -> Node {
         Node { rate, ceil: 10 * MBIT, prio, weight: rate, children: Vec::new() }
+    }
+
+    /// One tick of `p`: per node, demand, limited (now and lately), backlog.
+    fn tick(p: &mut Pacer, tree: &Tree, demand: &[u64], limited: &[bool], backlog: &[u64], now: u64) -> Rates {
+        let leaves: Vec<Leaf> = (0..demand.len())
+            .map(|i| Leaf {
+                demand: demand[i],
+                limited: limited[i],
+                lately_limited: limited[i],
+                backlog_ns: backlog[i],
+            })
+            .collect();
+        p.tick(tree, &leaves, now)
     }
 
     /// A 10 mbit/s link over `leaves`.
@@ -228,13 +297,13 @@ mod tests {
         // Seed 000: alex (1.9, prio 1) greedy, the guest (0.3, prio 0) sends a few packets.
         let tree = flat(vec![leaf(1_900_000, 1), leaf(300_000, 0)]);
         let mut p = Pacer::default();
-        let r = p.tick(&tree, &[0, u64::MAX, 20_000], &[false, true, false], &[0, 10 * MS, 0], 0);
+        let r = tick(&mut p, &tree, &[0, u64::MAX, 20_000], &[false, true, false], &[0, 10 * MS, 0], 0);
         // The guest is allocated what it sends, and paced at what it would be given greedy.
         assert_eq!((r.allocated[1], r.allocated[2]), (10 * MBIT - 20_000, 20_000));
         assert_eq!((r.pacing[1], r.pacing[2]), (10 * MBIT - 20_000, 8_100_000));
         // It starts a transfer: it keeps that rate while alex's queue drains, and alex is
         // moved down at once.
-        let r = p.tick(&tree, &[0, u64::MAX, u64::MAX], &[false, true, true], &[0, 10 * MS, 5 * MS], 10 * MS);
+        let r = tick(&mut p, &tree, &[0, u64::MAX, u64::MAX], &[false, true, true], &[0, 10 * MS, 5 * MS], 10 * MS);
         assert_eq!((r.pacing[1], r.pacing[2]), (1_900_000, 8_100_000));
     }
 
@@ -243,18 +312,47 @@ mod tests {
         let tree = flat(vec![leaf(1_900_000, 1), leaf(300_000, 0)]);
         let mut p = Pacer::default();
         // A guest streaming 2 mbit/s (over 1/8 of its wake rate) is paced at its allocation.
-        let r = p.tick(&tree, &[0, u64::MAX, 2 * MBIT], &[false, true, false], &[0, 10 * MS, 0], 0);
+        let r = tick(&mut p, &tree, &[0, u64::MAX, 2 * MBIT], &[false, true, false], &[0, 10 * MS, 0], 0);
         assert_eq!(r.pacing[2], 2 * MBIT);
         // A limited class is paced at its allocation however little it is.
-        let r = p.tick(&tree, &[0, u64::MAX, 400_000], &[false, true, true], &[0, 10 * MS, 0], 10 * MS);
+        let r = tick(&mut p, &tree, &[0, u64::MAX, 400_000], &[false, true, true], &[0, 10 * MS, 0], 10 * MS);
         assert_eq!(r.pacing[2], 400_000);
+    }
+
+    #[test]
+    fn what_no_class_was_allocated_is_lent_to_the_classes_that_would_send_more() {
+        let tree = flat(vec![leaf(5 * MBIT, 0), leaf(5 * MBIT, 0)]);
+        let mut p = Pacer::default();
+        // Class 1 streams 2 mbit/s; class 2 is limited and wants 3 for now (a TCP flow
+        // growing back after it halved its window): it may send the 5 nobody was given.
+        let r = tick(&mut p, &tree, &[0, 2 * MBIT, 3 * MBIT], &[false, false, true], &[0, 0, 10 * MS], 0);
+        assert_eq!((r.allocated[1], r.allocated[2]), (2 * MBIT, 3 * MBIT));
+        assert_eq!((r.pacing[1], r.pacing[2]), (5 * MBIT, 8 * MBIT));
+        // Nothing is lent beyond what the link has: all of it is allocated.
+        let r = tick(&mut p, &tree, &[0, 2 * MBIT, u64::MAX], &[false, false, true], &[0, 0, 10 * MS], 10 * MS);
+        assert_eq!(r.pacing[2], 8 * MBIT);
+    }
+
+    #[test]
+    fn nothing_is_lent_while_a_lowered_class_still_drains_its_queue() {
+        let tree = flat(vec![leaf(MBIT, 0), leaf(MBIT, 0)]);
+        let mut p = Pacer::default();
+        let _ = tick(&mut p, &tree, &[0, u64::MAX, 0], &[false, true, false], &[0, 20 * MS, 0], 0);
+        // Class 1, lowered from 10 to the 4 it wants now, has 20 ms of packets queued at 10;
+        // class 2 wants 3. The 3 nobody was given are still in use by that queue.
+        let demand = [0, 4 * MBIT, 3 * MBIT];
+        let r = tick(&mut p, &tree, &demand, &[false, true, true], &[0, 20 * MS, 0], 10 * MS);
+        assert_eq!((r.pacing[1], r.pacing[2]), (4 * MBIT, 3 * MBIT), "{r:?}");
+        // Once it has left, they are lent to both, by weight.
+        let r = tick(&mut p, &tree, &demand, &[false, true, true], &[0, 0, 0], 40 * MS);
+        assert_eq!((r.pacing[1], r.pacing[2]), (5_500_000, 4_500_000), "{r:?}");
     }
 
     #[test]
     fn never_paced_below_the_guarantee() {
         let tree = flat(vec![leaf(5 * MBIT, 0), leaf(5 * MBIT, 0)]);
         let mut p = Pacer::default();
-        let r = p.tick(&tree, &[0, u64::MAX, 3 * MBIT], &[false, true, false], &[0, 0, 0], 0);
+        let r = tick(&mut p, &tree, &[0, u64::MAX, 3 * MBIT], &[false, true, false], &[0, 0, 0], 0);
         assert_eq!((r.pacing[1], r.pacing[2]), (7 * MBIT, 5 * MBIT));
     }
 
@@ -266,9 +364,9 @@ mod tests {
         let demand = vec![0; leaves + 1];
         let limited = vec![false; leaves + 1];
         let backlog = vec![0; leaves + 1];
-        let _ = p.tick(&tree, &demand, &limited, &backlog, 0);
+        let _ = tick(&mut p, &tree, &demand, &limited, &backlog, 0);
         assert_eq!(p.wake.iter().filter(|&&w| w > 0).count(), 1, "one allocation of 8193 nodes a tick");
-        let _ = p.tick(&tree, &demand, &limited, &backlog, 10 * MS);
+        let _ = tick(&mut p, &tree, &demand, &limited, &backlog, 10 * MS);
         assert_eq!(p.wake.iter().filter(|&&w| w > 0).count(), 2);
     }
 }

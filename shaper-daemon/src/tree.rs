@@ -98,16 +98,45 @@ impl Tree {
     /// their children's), so that `alloc[0]` is what the link carries.
     #[must_use]
     pub fn allocate(&self, demand: &[u64]) -> Vec<u64> {
+        let rates: Vec<u64> = self.nodes.iter().map(|n| n.rate).collect();
+        self.allocate_with(demand, &rates, self.nodes[0].ceil.min(self.nodes[0].rate))
+    }
+
+    /// Allocates at most `cap` as [`Self::allocate`] does, but with `floor[i]` as leaf `i`'s
+    /// guarantee instead of its configured rate (an inner node's: its leaves' floors added
+    /// up). With a first allocation as the floors, this hands out what is left over it by
+    /// HTB's rules: by prio, then weight, within every ceil. The floors must fit their ceils
+    /// and `cap`, and the leaves want at least their floors.
+    #[must_use]
+    pub fn allocate_over(&self, demand: &[u64], floor: &[u64], cap: u64) -> Vec<u64> {
+        assert_eq!(floor.len(), self.nodes.len(), "one floor per node");
+        let mut rates = vec![0u64; self.nodes.len()];
+        self.sum_floors(0, floor, &mut rates);
+        self.allocate_with(demand, &rates, cap)
+    }
+
+    /// Sets `rates[i]` to node `i`'s floor (a leaf's own, an inner node's leaves' sum).
+    fn sum_floors(&self, i: usize, floor: &[u64], rates: &mut [u64]) -> u64 {
+        let n = &self.nodes[i];
+        rates[i] = if n.children.is_empty() {
+            floor[i]
+        } else {
+            n.children.iter().map(|&c| self.sum_floors(c, floor, rates)).fold(0u64, u64::saturating_add)
+        };
+        rates[i]
+    }
+
+    /// [`Self::allocate`] with `rates` as the nodes' guarantees and `cap` for the root.
+    fn allocate_with(&self, demand: &[u64], rates: &[u64], cap: u64) -> Vec<u64> {
         assert_eq!(demand.len(), self.nodes.len(), "one demand per node");
         let mut alloc = vec![0u64; self.nodes.len()];
-        let root_cap = self.nodes[0].ceil.min(self.nodes[0].rate);
-        self.give(0, self.want(0, demand).min(root_cap), demand, &mut alloc);
+        self.give(0, self.want(0, demand).min(cap), demand, rates, &mut alloc);
         alloc
     }
 
     /// Gives node `i` exactly `amount` (at most what it wants) and divides it among its
-    /// children.
-    fn give(&self, i: usize, amount: u64, demand: &[u64], alloc: &mut [u64]) {
+    /// children, each guaranteed `rates[child]`.
+    fn give(&self, i: usize, amount: u64, demand: &[u64], rates: &[u64], alloc: &mut [u64]) {
         alloc[i] = amount;
         let n = &self.nodes[i];
         if n.children.is_empty() {
@@ -115,7 +144,7 @@ impl Tree {
         }
         let wants: Vec<u64> = n.children.iter().map(|&c| self.want(c, demand)).collect();
         // 1. Guarantees.
-        let mut split: Vec<u64> = n.children.iter().zip(&wants).map(|(&c, &w)| w.min(self.nodes[c].rate)).collect();
+        let mut split: Vec<u64> = n.children.iter().zip(&wants).map(|(&c, &w)| w.min(rates[c])).collect();
         let mut left = amount.saturating_sub(split.iter().sum());
         // 2. Spare, by prio, then in proportion to weight, water-filling up to each want.
         let mut prios: Vec<u8> = n.children.iter().map(|&c| self.nodes[c].prio).collect();
@@ -129,7 +158,7 @@ impl Tree {
             left = water_fill(&group, &mut split, &wants, |k| self.nodes[n.children[k]].weight, left);
         }
         for (k, &c) in n.children.iter().enumerate() {
-            self.give(c, split[k], demand, alloc);
+            self.give(c, split[k], demand, rates, alloc);
         }
     }
 }
@@ -181,6 +210,23 @@ mod tests {
 
     fn leaf(rate: u64, ceil: u64, prio: u8) -> Node {
         Node { rate, ceil, prio, weight: rate, children: Vec::new() }
+    }
+
+    #[test]
+    fn what_is_left_over_a_first_allocation_goes_by_the_same_rules() {
+        // An inner class of ceil 4 (a 2, b 2) beside c (6): a and c were given 1 and 2, b 1,
+        // and only a and c would take more. The inner class stops at its ceil; c takes the rest.
+        let mut root = leaf(10 * M, 10 * M, 0);
+        root.children = vec![1, 4];
+        let mut inner = leaf(4 * M, 4 * M, 0);
+        inner.children = vec![2, 3];
+        let t = Tree { nodes: vec![root, inner, leaf(2 * M, 4 * M, 0), leaf(2 * M, 4 * M, 0), leaf(6 * M, 10 * M, 0)] };
+        let floor = [0, 0, M, M, 2 * M];
+        let a = t.allocate_over(&[0, 0, u64::MAX, M, u64::MAX], &floor, 10 * M);
+        assert_eq!(a, [10 * M, 4 * M, 3 * M, M, 6 * M]);
+        // Within a smaller cap, the floors first.
+        let a = t.allocate_over(&[0, 0, u64::MAX, M, u64::MAX], &floor, 5 * M);
+        assert_eq!(a[2..], [M + 400_000, M, 2 * M + 600_000]);
     }
 
     /// Seed 000: link 10 mbit; alex 1.9, betty 2.9, carl 4.9 at prio 1, guest 0.3 at prio 0,
