@@ -562,10 +562,10 @@ fn a_rate_limited_tcp_stream_in_one_class_leaves_the_rest_to_the_others() {
         print_table(&title, flows, &expected, htb, ours);
         // Held to its share (6 mbit/s asked), carl's class is greedy: shares within 4 %, the
         // link 98 % full. Below it (3 mbit/s asked, in 16 KB writes), its pauses between
-        // writes keep its share reserved (it is paced at its guarantee when it writes again):
-        // measured 2.62 / 3.95 / 3.00, link 9.57 (HTB + fq_codel 2.65 / 4.23 / 3.00, 9.88).
-        // Closing that gap is open work; these bars hold what is reached.
-        let (tolerance, floor) = if cap > 5.05 * MBIT { (0.04, 0.98) } else { (0.08, 0.95) };
+        // writes keep its share reserved (it is paced at its guarantee when it writes again),
+        // and what it leaves idle is lent to the greedy classes: measured alex 2.66–2.75, link
+        // 9.80–9.88 (HTB + fq_codel 2.77–3.11, 9.87–9.92).
+        let (tolerance, floor) = if cap > 5.05 * MBIT { (0.04, 0.98) } else { (0.06, 0.97) };
         check_shares_within(&mut failures, &title, flows, &expected, ours, tolerance);
         check(&mut failures, ours.total() >= floor * LINK, || {
             format!(
@@ -623,17 +623,17 @@ fn on_off_bursts_and_an_application_limited_stream() {
     check(&mut failures, (carl / 2e6 - 1.0).abs() <= 0.04, || {
         format!("carl {:.3} mbit/s, not within 4 % of 2.0 (HTB: {:.3})", carl / MBIT, htb.rates[2] / MBIT)
     });
-    // Measured: alex 5.05 of the 6.01 left, link 9.04 (HTB + fq_codel: 5.76, 9.75). Each of
-    // betty's bursts takes her guarantee at once, and alex is slowed at the next tick; when
-    // she stops, her share comes back 200 ms later (sooner would give away the share of an
-    // application that only pauses between writes). Closing the gap to HTB is open work;
-    // these bars hold what is reached.
-    check(&mut failures, ours.total() >= 0.88 * LINK, || {
-        format!("total {:.3} mbit/s, below 88 % (HTB: {:.3})", ours.total() / MBIT, htb.total() / MBIT)
+    // Measured: alex 5.31–5.51 of the 6.02 left, link 9.29–9.51 (HTB + fq_codel: 5.54–5.62,
+    // 9.52–9.61). Each of betty's bursts is paced at her wake rate, and alex is slowed at
+    // the next tick; when she stops, what nobody was given is lent to alex at once, and her
+    // share comes back once her 100 ms rate falls under half of her 400 ms one (sooner would
+    // give away the share of an application that only pauses between writes).
+    check(&mut failures, ours.total() >= 0.90 * LINK, || {
+        format!("total {:.3} mbit/s, below 90 % (HTB: {:.3})", ours.total() / MBIT, htb.total() / MBIT)
     });
-    check(&mut failures, alex >= left(&ours) * 0.80, || {
+    check(&mut failures, alex >= left(&ours) * 0.85, || {
         format!(
-            "alex {:.3} mbit/s, more than 20 % below the {:.3} betty and carl left (HTB: {:.3} of {:.3})",
+            "alex {:.3} mbit/s, more than 15 % below the {:.3} betty and carl left (HTB: {:.3} of {:.3})",
             alex / MBIT,
             left(&ours) / MBIT,
             htb.rates[0] / MBIT,
