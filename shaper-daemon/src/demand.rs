@@ -118,7 +118,7 @@ pub struct Estimator {
     /// Limited ticks in a row whose queue did not shrink (or was deep).
     streak: u32,
     /// The last observation at which the class was quiet (had offered less than
-    /// [`WAKE_FRAMES`] full frames over the silence window): what it sends after that is
+    /// [`WAKE_BYTES`] over the silence window): what it sends after that is
     /// measured from there while the windows catch up.
     quiet_at: Option<(u64, Counters)>,
     /// When the class was last limited.
@@ -130,10 +130,10 @@ pub struct Estimator {
 /// application writing in bursts every 50 ms has at least one in 100 ms, more than half).
 const STOPPED_DIVISOR: u64 = 2;
 
-/// A class that offered fewer full frames than this over its silence window is quiet (a
-/// ping, a DNS query, a TCP handshake); once it has offered this many since, it is sending,
-/// and its rate is read from the time it was last quiet.
-const WAKE_FRAMES: u64 = 4;
+/// A class that offered less than four full frames over its silence window is quiet (a
+/// ping, a DNS query, a TCP handshake); once it has offered this many bytes since, it is
+/// sending, and its rate is read from the time it was last quiet.
+const WAKE_BYTES: u64 = 4 * FRAME_BITS / 8;
 
 impl Estimator {
     #[must_use]
@@ -153,6 +153,10 @@ impl Estimator {
                     && recent.is_some_and(|(_, (c0, _))| {
                         o.counters.packets > c0.packets && o.counters.idle_packets == c0.idle_packets
                     })));
+        if limited {
+            self.limited_at = Some(o.now_ns);
+        }
+        let lately_limited = self.limited_at.is_some_and(|t| o.now_ns.saturating_sub(t) <= RATE_WINDOW_NS);
         let demand = if limited && o.backlog_ns >= deep_queue(window) {
             // A queue that takes this long to drain: the class is far from what it needs
             // (a TCP sender's first windows, a flood). It wants all it can get, as it would get
@@ -182,22 +186,20 @@ impl Estimator {
             arriving.max(offered).saturating_add(drain).max(grown).max(o.pacing)
         } else {
             self.streak = 0;
-            // What it offered lately too: a class that was limited a moment ago (a TCP flow
-            // between two windows) sends at its new rate, which the long window has not
-            // caught up with yet.
+            // What it offered lately too, read as its new rate if it was limited within the
+            // long window (a TCP flow between two windows sends at its new rate, which the
+            // long window has not caught up with yet); not otherwise: an application that
+            // writes in bursts (16 KB every 50 ms) has two writes or three in 100 ms, and its
+            // demand would jump with each third.
             let recent = recent_window(o.pacing);
             let lately = self.window_start(o.now_ns, recent).map_or(offered, |s| Self::rate_since(s, o));
-            // Read as the class's new rate only if it was limited within the long window: an
-            // application that writes in bursts (16 KB every 50 ms) has two writes or three
-            // in 100 ms, and its demand would jump with each third.
-            let was_limited = self.limited_at.is_some_and(|t| o.now_ns.saturating_sub(t) <= RATE_WINDOW_NS);
-            let mut risen = if was_limited { lately } else { 0 };
+            let mut risen = if lately_limited { lately } else { 0 };
             // A class that was quiet until a moment ago (a transfer starting): what it sent
             // since, over the time since, not spread over windows it was quiet in (its
             // share would be undercounted until they pass, and its first windows queued).
             if let Some((t0, c0)) = self.quiet_at {
                 let since = o.counters.offered_bytes.saturating_sub(c0.offered_bytes);
-                if o.now_ns.saturating_sub(t0) <= recent && since >= WAKE_FRAMES * FRAME_BITS / 8 {
+                if o.now_ns.saturating_sub(t0) <= recent && since >= WAKE_BYTES {
                     risen = risen.max(Self::rate_since((t0, (c0, 0)), o));
                 }
             }
@@ -227,16 +229,12 @@ impl Estimator {
             }
         };
         self.demand = demand;
-        if limited {
-            self.limited_at = Some(o.now_ns);
-        }
         let over_silence = self
             .window_start(o.now_ns, SILENCE_NS)
             .map_or(o.counters.offered_bytes, |(_, (c0, _))| o.counters.offered_bytes.saturating_sub(c0.offered_bytes));
-        if over_silence < WAKE_FRAMES * FRAME_BITS / 8 {
+        if over_silence < WAKE_BYTES {
             self.quiet_at = Some((o.now_ns, o.counters));
         }
-        let lately_limited = self.limited_at.is_some_and(|t| o.now_ns.saturating_sub(t) <= RATE_WINDOW_NS);
         Estimate { demand, offered, limited, lately_limited }
     }
 

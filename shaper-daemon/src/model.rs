@@ -470,7 +470,8 @@ mod tests {
     /// by at most a tick at each one's wake rate, once; then the link holds.
     #[test]
     fn classes_that_wake_together_overshoot_the_link_for_a_tick_at_most() {
-        let run = simulate(10 * MBIT, &roommates([GREEDY, GREEDY, GREEDY, Source::Idle]), 3 * SECOND, TICK, HORIZON);
+        let classes = roommates([GREEDY, GREEDY, GREEDY, Source::Idle]);
+        let run = simulate(10 * MBIT, &classes, 3 * SECOND, TICK, HORIZON);
         let first = run.max_in_window(None, 100 * MS, 0);
         let wakers = 3;
         assert!(first <= (10 * MBIT + wakers * 10 * MBIT * TICK / (100 * MS)) / 8 / 10, "{first} bytes in 100 ms");
@@ -478,11 +479,7 @@ mod tests {
         assert!(later <= 10 * MBIT / 8 / 10 + 3 * FULL_FRAME, "{later} bytes in 100 ms after the start");
         // Within a tick they are where HTB puts them.
         let rates = run.rates(SECOND, 3 * SECOND);
-        let htb = reference(
-            10 * MBIT,
-            &roommates([GREEDY, GREEDY, GREEDY, Source::Idle]),
-            &[u64::MAX, u64::MAX, u64::MAX, 0],
-        );
+        let htb = reference(10 * MBIT, &classes, &[u64::MAX, u64::MAX, u64::MAX, 0]);
         for (g, e) in rates.iter().zip(&htb) {
             assert!(g.abs_diff(*e) <= e / 50, "{:?} against {:?}", mbit(&rates), mbit(&htb));
         }

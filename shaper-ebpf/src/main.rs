@@ -351,23 +351,23 @@ fn share(config: &ClassConfig, host: &[u8; 16], class_hash: u64, bytes: u64, sta
     }
     st.next_ns = start + (bytes * NS).checked_div(config.share_bytes).unwrap_or(0);
     // Each host counts once an epoch, over its share or near it, whichever it was first:
-    // counted twice, a lone greedy host would halve its own share.
+    // counted twice, a lone greedy host would halve its own share. Its bytes count as light
+    // only while it was not counted (a contending host's bytes came off its own share).
+    let counted = st.over_epoch == epoch || st.near_epoch == epoch;
     if ahead > config.share_slack_ns {
-        if st.over_epoch != epoch && st.near_epoch != epoch {
+        if !counted {
             st.over_epoch = epoch;
             stats.hosts_over += 1;
         }
         Share::Over
     } else {
-        if near || st.over_epoch == epoch || st.near_epoch == epoch {
-            if st.over_epoch != epoch && st.near_epoch != epoch {
+        if !counted {
+            if near {
                 st.near_epoch = epoch;
                 stats.hosts_near += 1;
+            } else {
+                stats.share_under_bytes += bytes;
             }
-        } else {
-            // Light: a host counted as contending this epoch is not (counted both ways, a
-            // lone greedy host's bytes came off its own share).
-            stats.share_under_bytes += bytes;
         }
         Share::Within
     }
