@@ -109,7 +109,7 @@ pub struct Estimate {
 }
 
 /// The demand estimator of one leaf class: its counter history and last demand.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Estimator {
     /// (time ns, counters), oldest first, covering [`RATE_WINDOW_NS`].
     samples: VecDeque<(u64, (Counters, u64))>,
@@ -123,6 +123,15 @@ pub struct Estimator {
     quiet_at: Option<(u64, Counters)>,
     /// When the class was last limited.
     limited_at: Option<u64>,
+    /// [`HEADROOM_PERCENT`], or another value for the model's tuning sweep; the dead band
+    /// scales with it (from half of it to twice it).
+    headroom_percent: u64,
+}
+
+impl Default for Estimator {
+    fn default() -> Self {
+        Self::with_headroom(HEADROOM_PERCENT)
+    }
 }
 
 /// A class that is not limited and offered less than `1/STOPPED_DIVISOR` of its long-window
@@ -139,6 +148,19 @@ impl Estimator {
     #[must_use]
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An estimator that gives classes that are not limited `percent` of headroom.
+    #[must_use]
+    pub fn with_headroom(percent: u64) -> Self {
+        Self {
+            samples: VecDeque::new(),
+            demand: 0,
+            streak: 0,
+            quiet_at: None,
+            limited_at: None,
+            headroom_percent: percent,
+        }
     }
 
     /// Records an observation and returns the class's demand.
@@ -220,12 +242,14 @@ impl Estimator {
             } else {
                 offered.max(risen)
             };
-            let low = percent_over(offered, DEAD_BAND_LOW_PERCENT);
-            let high = percent_over(offered, DEAD_BAND_HIGH_PERCENT).saturating_add(HEADROOM_FLOOR);
+            let h = self.headroom_percent;
+            let low = percent_over(offered, h * DEAD_BAND_LOW_PERCENT / HEADROOM_PERCENT);
+            let high =
+                percent_over(offered, h * DEAD_BAND_HIGH_PERCENT / HEADROOM_PERCENT).saturating_add(HEADROOM_FLOOR);
             if (low..=high).contains(&self.demand) {
                 self.demand
             } else {
-                percent_over(offered, HEADROOM_PERCENT).saturating_add(HEADROOM_FLOOR)
+                percent_over(offered, h).saturating_add(HEADROOM_FLOOR)
             }
         };
         self.demand = demand;

@@ -12,7 +12,9 @@
 //! - [`qdisc`]: the `fq` root qdisc that enforces departure times (netlink);
 //! - [`api`]: the control protocol between `shaperctl` and `shaperd`;
 //! - [`metrics`]: the Prometheus exposition served at `/metrics`;
-//! - [`daemon`]: wiring, signals and shutdown.
+//! - [`daemon`]: wiring, signals and shutdown;
+//! - `model`, `tuning` (tests, and the `model` feature): a deterministic model of the whole
+//!   rate path, and the sweep of the control loop's tick and headroom run on it.
 
 pub mod api;
 pub mod bpf;
@@ -20,13 +22,15 @@ pub mod config;
 pub mod daemon;
 pub mod demand;
 pub mod metrics;
-#[cfg(test)]
+#[cfg(any(test, feature = "model"))]
 pub mod model;
 pub mod pacing;
 pub mod qdisc;
 pub mod rate;
 pub mod rules;
 pub mod tree;
+#[cfg(any(test, feature = "model"))]
+pub mod tuning;
 
 /// Displays an error with its sources, `: `-separated (for one-line messages: API replies,
 /// `shaperctl` errors).

@@ -209,10 +209,30 @@ pub fn reference(link: u64, classes: &[ClassSpec], demand: &[u64]) -> Vec<u64> {
 /// ticking every `tick` ns, with a horizon of `horizon` ns.
 #[must_use]
 pub fn simulate(link: u64, classes: &[ClassSpec], duration: u64, tick: u64, horizon: u64) -> Run {
+    simulate_with_headroom(link, classes, duration, tick, horizon, demand::HEADROOM_PERCENT)
+}
+
+/// [`simulate`] with classes that are not limited given `headroom` percent over their rate
+/// (see [`Estimator::with_headroom`]).
+#[must_use]
+pub fn simulate_with_headroom(
+    link: u64,
+    classes: &[ClassSpec],
+    duration: u64,
+    tick: u64,
+    horizon: u64,
+    headroom: u64,
+) -> Run {
     const STEP: u64 = 20_000;
     let tree = tree(link, classes);
-    let mut st: Vec<ClassState> =
-        classes.iter().map(|c| ClassState { rate: c.rate / 8, ..ClassState::default() }).collect();
+    let mut st: Vec<ClassState> = classes
+        .iter()
+        .map(|c| ClassState {
+            rate: c.rate / 8,
+            estimator: Estimator::with_headroom(headroom),
+            ..ClassState::default()
+        })
+        .collect();
     let mut flows: HashMap<(usize, u32), u64> = HashMap::new();
     let mut run = Run { classes: classes.to_vec(), departures: Vec::new(), pacing: Vec::new() };
     let mut pacer = Pacer::default();

@@ -13,7 +13,7 @@ use std::net::Ipv4Addr;
 
 use ipnet::IpNet;
 use shaper::{bpf::Datapath, rules::RuleSpec};
-use shaper_common::ClassConfig;
+use shaper_common::{ClassConfig, ISOLATE_HOST};
 use shaper_tests::{ipv4, loopback_datapath, require_root, run, Frame, SkbCtx, L4};
 
 /// Runs per measurement, and measurements per figure (the median is reported).
@@ -47,16 +47,31 @@ fn mixed_rules() -> Vec<RuleSpec> {
 }
 
 fn datapath(rules: &[RuleSpec]) -> Datapath {
+    datapath_with(rules, ClassConfig::default())
+}
+
+/// Every class paced, and set up as `extra` has it otherwise.
+fn datapath_with(rules: &[RuleSpec], extra: ClassConfig) -> Datapath {
     let mut dp = loopback_datapath(rules, 20);
     for class in 0..=20 {
         // Fast enough that the class clock never runs into the horizon during the runs.
-        dp.set_class(
-            class,
-            ClassConfig { rate_bytes: 1_000_000_000_000, horizon_ns: 10_000_000_000, ..ClassConfig::default() },
-        )
-        .unwrap();
+        dp.set_class(class, ClassConfig { rate_bytes: 1_000_000_000_000, horizon_ns: 10_000_000_000, ..extra })
+            .unwrap();
     }
     dp
+}
+
+/// Isolation by host, with a share that no host's clock outruns during the runs: the host
+/// lookup and its clock on every packet.
+fn isolated() -> ClassConfig {
+    ClassConfig {
+        isolation: ISOLATE_HOST,
+        share_bytes: 100_000_000_000,
+        share_horizon_ns: 5_000_000_000,
+        share_slack_ns: 1_000_000_000,
+        share_near_ns: 1_000,
+        ..ClassConfig::default()
+    }
 }
 
 /// Median ns per packet over SAMPLES runs of REPEAT.
@@ -100,6 +115,13 @@ fn main() {
         rows.push((format!("{name}, no rule matches"), ns_per_packet(|| run(&dp, &unmatched, ctx, REPEAT).duration)));
     }
 
+    let dp = datapath_with(&host_rules(10), isolated());
+    let matched = packet(0x0a00_0000 + 9);
+    rows.push((
+        "10 host rules, isolation by host".to_owned(),
+        ns_per_packet(|| run(&dp, &matched, ctx, REPEAT).duration),
+    ));
+
     println!("datapath cost per packet (BPF_PROG_TEST_RUN, {REPEAT} repeats, median of {SAMPLES}; 1066-byte TCP/IPv4 packet)");
     println!("{:<44} {:>10} {:>14} {:>14}", "program", "ns/packet", "x empty prog", "extra ns");
     println!("{:<44} {:>10.1} {:>14.2} {:>14.1}", "empty tc program (baseline)", baseline, 1.0, 0.0);
@@ -109,4 +131,37 @@ fn main() {
     let ten = rows[0].1;
     let ten_k = rows[2].1;
     println!("10,000 vs 10 host rules (last rule matches): {:.2}x", ten_k / ten);
+    println!();
+    print_tuning();
+}
+
+/// The control loop's tick and headroom, swept on the model (`shaper::tuning`); the row of
+/// the defaults is the baseline.
+fn print_tuning() {
+    use shaper::{demand::HEADROOM_PERCENT, model::MS, tuning};
+    let rows = tuning::sweep(&[5 * MS, 10 * MS, 20 * MS, 50 * MS], &[1, 2, 4, 8]);
+    let base = rows
+        .iter()
+        .find(|t| t.tick_ns == 10 * MS && t.headroom_percent == HEADROOM_PERCENT)
+        .expect("the defaults are in the sweep")
+        .clone();
+    println!("control loop tuning on the model (seed 000's classes, 10 mbit/s; see shaper::tuning)");
+    println!(
+        "{:>5} {:>9} {:>9} {:>11} {:>8} {:>14} {:>14} {:>10}",
+        "tick", "headroom", "link use", "share err", "on/off", "pacing p90", "wake overshoot", "x default"
+    );
+    for t in &rows {
+        let mark = if *t == base { "  (default)" } else { "" };
+        println!(
+            "{:>3}ms {:>8}% {:>8.2}% {:>10.2}% {:>7.1}% {:>13}‰ {:>12} B {:>10.2}{mark}",
+            t.tick_ns / MS,
+            t.headroom_percent,
+            t.link_use,
+            t.share_error,
+            t.on_off,
+            t.pacing_change,
+            t.wake_overshoot,
+            t.wake_overshoot as f64 / base.wake_overshoot.max(1) as f64,
+        );
+    }
 }
