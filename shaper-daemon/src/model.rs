@@ -27,6 +27,23 @@ use crate::{
 
 pub const MS: u64 = 1_000_000;
 pub const SECOND: u64 = 1_000_000_000;
+/// Bits per second.
+pub const MBIT: u64 = 1_000_000;
+/// A greedy TCP sender as the tests and the tuning sweep model it.
+pub const GREEDY: Source = Source::GreedyTcp { queue_ns: 5 * MS };
+
+/// Seed 000's classes under a 10 mbit/s link, with these sources: alex 1.9, betty 2.9,
+/// carl 4.9 at prio 1; the guest 0.3 at prio 0; all ceil 10.
+#[must_use]
+pub fn roommates(sources: [Source; 4]) -> Vec<ClassSpec> {
+    let [a, b, c, g] = sources;
+    vec![
+        ClassSpec { rate: 1_900_000, ceil: 10 * MBIT, prio: 1, source: a },
+        ClassSpec { rate: 2_900_000, ceil: 10 * MBIT, prio: 1, source: b },
+        ClassSpec { rate: 4_900_000, ceil: 10 * MBIT, prio: 1, source: c },
+        ClassSpec { rate: 300_000, ceil: 10 * MBIT, prio: 0, source: g },
+    ]
+}
 
 /// What one class's traffic does.
 #[derive(Debug, Clone, PartialEq)]
@@ -377,21 +394,8 @@ mod tests {
 
     use super::*;
 
-    const MBIT: u64 = 1_000_000;
     const TICK: u64 = 10 * MS;
     const HORIZON: u64 = 200 * MS;
-    const GREEDY: Source = Source::GreedyTcp { queue_ns: 5 * MS };
-
-    /// Seed 000: alex 1.9, betty 2.9, carl 4.9 at prio 1; guest 0.3 at prio 0; all ceil 10.
-    fn roommates(sources: [Source; 4]) -> Vec<ClassSpec> {
-        let [a, b, c, g] = sources;
-        vec![
-            ClassSpec { rate: 1_900_000, ceil: 10 * MBIT, prio: 1, source: a },
-            ClassSpec { rate: 2_900_000, ceil: 10 * MBIT, prio: 1, source: b },
-            ClassSpec { rate: 4_900_000, ceil: 10 * MBIT, prio: 1, source: c },
-            ClassSpec { rate: 300_000, ceil: 10 * MBIT, prio: 0, source: g },
-        ]
-    }
 
     fn udp(bits: u64) -> Source {
         Source::Udp { bits, size: 1514 }

@@ -23,8 +23,9 @@
 //!   within [`WAKE_BUDGET`] node visits a tick (every tick for trees of up to a few hundred
 //!   classes).
 //! - **What no class was allocated is lent** to the classes that would send more (limited
-//!   lately), by HTB's rules (prio, weight, every ceil), on top of their allocations: the rates paced add up to the link
-//!   at most, and what one class leaves idle another may send at once. HTB's borrowing is
+//!   lately), by HTB's rules (prio, weight, every ceil), on top of their allocations: the
+//!   rates paced add up to the link at most, and what one class leaves idle another may send
+//!   at once. HTB's borrowing is
 //!   instant: a greedy TCP flow that halved its window, or a borrower the tick an on/off
 //!   sender stops, would otherwise wait for its estimator to catch up.
 //! - No class is paced below its guarantee.

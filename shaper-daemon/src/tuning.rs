@@ -15,9 +15,8 @@
 //! - bursts: alex and betty greedy, carl writing 16 KB every 50 ms (link use, shares);
 //! - wake: alex, betty and carl start at once (what the link carries over its rate).
 
-use crate::model::{reference, simulate_with_headroom, ClassSpec, Run, Source, MS, SECOND};
+use crate::model::{reference, roommates, simulate_with_headroom, ClassSpec, Run, Source, GREEDY, MBIT, MS, SECOND};
 
-const MBIT: u64 = 1_000_000;
 const LINK: u64 = 10 * MBIT;
 const HORIZON: u64 = 200 * MS;
 const DURATION: u64 = 6 * SECOND;
@@ -45,17 +44,6 @@ pub struct Tuning {
     pub wake_overshoot: u64,
 }
 
-fn roommates(sources: [Source; 4]) -> Vec<ClassSpec> {
-    let [a, b, c, g] = sources;
-    vec![
-        ClassSpec { rate: 1_900_000, ceil: LINK, prio: 1, source: a },
-        ClassSpec { rate: 2_900_000, ceil: LINK, prio: 1, source: b },
-        ClassSpec { rate: 4_900_000, ceil: LINK, prio: 1, source: c },
-        ClassSpec { rate: 300_000, ceil: LINK, prio: 0, source: g },
-    ]
-}
-
-const GREEDY: Source = Source::GreedyTcp { queue_ns: 5 * MS };
 const IDLE: Source = Source::Idle;
 
 #[expect(clippy::cast_precision_loss, reason = "percentages for a report")]
@@ -113,12 +101,12 @@ pub fn measure(tick_ns: u64, headroom_percent: u64) -> Tuning {
 
     Tuning {
         tick_ns,
-        wake_overshoot,
         headroom_percent,
         link_use: [&stream_run, &jittery_run, &bursts_run].into_iter().map(link_use).fold(f64::MAX, f64::min),
         share_error: greedy_error.max(stream_error).max(bursts_error),
         on_off: percent(alex, u64::midpoint(on, off)),
         pacing_change: pacing_change(&stream_run).max(pacing_change(&bursts_run)),
+        wake_overshoot,
     }
 }
 

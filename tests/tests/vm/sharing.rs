@@ -624,10 +624,11 @@ fn on_off_bursts_and_an_application_limited_stream() {
         format!("carl {:.3} mbit/s, not within 4 % of 2.0 (HTB: {:.3})", carl / MBIT, htb.rates[2] / MBIT)
     });
     // Measured: alex 5.14–5.51 of the 6.02 left, link 9.14–9.51 (HTB + fq_codel: 5.52–5.69,
-    // 9.51–9.69; a run-to-run spread of 6 %, which the bars leave room for). Each of betty's bursts is paced at her wake rate, and alex is slowed at
-    // the next tick; when she stops, what nobody was given is lent to alex at once, and her
-    // share comes back once her 100 ms rate falls under half of her 400 ms one (sooner would
-    // give away the share of an application that only pauses between writes).
+    // 9.51–9.69; a run-to-run spread of 6 %, which the bars leave room for). Each of betty's
+    // bursts is paced at her wake rate, and alex is slowed at the next tick; when she stops,
+    // what nobody was given is lent to alex at once, and her share comes back once her 100 ms
+    // rate falls under half of her 400 ms one (sooner would give away the share of an
+    // application that only pauses between writes).
     check(&mut failures, ours.total() >= 0.90 * LINK, || {
         format!("total {:.3} mbit/s, below 90 % (HTB: {:.3})", ours.total() / MBIT, htb.total() / MBIT)
     });
