@@ -189,9 +189,7 @@ fn class_config(class: &Class, rate: Rate, share: u64) -> ClassConfig {
 /// three frame times and the interval grows with it, as CAKE does (`cake_set_rate`, which
 /// uses 1.5 frames but splits GSO packets; here a GSO packet of two segments is one packet).
 pub(crate) fn codel_params(target_ns: u64, interval_ns: u64, rate: Rate) -> (u64, u64) {
-    const FRAME_BITS: u64 = 1514 * 8;
-    let frame_ns = u64::try_from(u128::from(FRAME_BITS) * 1_000_000_000 / u128::from(rate.bits_per_sec().max(1)))
-        .unwrap_or(u64::MAX);
+    let frame_ns = demand::frames_ns(1, rate.bits_per_sec());
     let target = target_ns.max(frame_ns.saturating_mul(3));
     let interval = (interval_ns + (target - target_ns)).max(target.saturating_mul(2));
     (target, interval)

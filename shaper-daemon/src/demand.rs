@@ -293,8 +293,9 @@ fn queue_window(pacing: u64) -> u64 {
     QUEUE_WINDOW_NS.max(frames_ns(4, pacing))
 }
 
-/// How long `frames` full-size frames take at `bits_per_sec` (at least 1 bit/s), ns.
-fn frames_ns(frames: u64, bits_per_sec: u64) -> u64 {
+/// How long `frames` full-size frames take at `bits_per_sec` (at least 1 bit/s), ns: the
+/// daemon's rates are in bits/s, the datapath's (`shaper_common::frames_ns`) in bytes/s.
+pub(crate) fn frames_ns(frames: u64, bits_per_sec: u64) -> u64 {
     saturate(u128::from(frames * FRAME_BITS) * 1_000_000_000 / u128::from(bits_per_sec.max(1)))
 }
 
