@@ -533,10 +533,20 @@ fn a_steady_stream_above_its_guarantee_leaves_the_rest_to_borrowers() {
     check(&mut failures, alex >= 7.6e6, || {
         format!("alex {:.3} mbit/s, below 7.6 (expected 8.0; HTB: {:.3})", alex / MBIT, htb.rates[0] / MBIT)
     });
-    check(&mut failures, ours.total() >= 0.98 * LINK, || {
+    check(&mut failures, ours.total() >= link_floor(0.98, 0.99, &htb), || {
         format!("total {:.3} mbit/s, below 98 % of the link (HTB: {:.3})", ours.total() / MBIT, htb.total() / MBIT)
     });
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The link use a scenario must reach: `of_link` of the link, or `of_htb` of what HTB with
+/// `fq_codel` carried in the same VM run if that is less. On a VM whose emulated CPUs fall
+/// behind, HTB too leaves the link short (9.59 mbit/s instead of its usual 9.87–9.95 in the
+/// steady-stream scenario, 9.16 instead of 9.51–9.69 in the on/off one, in one CI run), and
+/// what is asserted is then that shaper carries nearly what HTB does (`of_htb`), as it does
+/// on a VM that keeps up.
+fn link_floor(of_link: f64, of_htb: f64, htb: &Measured) -> f64 {
+    (of_link * LINK).min(of_htb * htb.total())
 }
 
 #[test]
@@ -629,7 +639,9 @@ fn on_off_bursts_and_an_application_limited_stream() {
     // what nobody was given is lent to alex at once, and her share comes back once her 100 ms
     // rate falls under half of her 400 ms one (sooner would give away the share of an
     // application that only pauses between writes).
-    check(&mut failures, ours.total() >= 0.90 * LINK, || {
+    // Ours against HTB's in the same run: 96–98 % (9.14–9.51 against 9.51–9.69; 8.92 against
+    // 9.16 on a slow VM).
+    check(&mut failures, ours.total() >= link_floor(0.90, 0.95, &htb), || {
         format!("total {:.3} mbit/s, below 90 % (HTB: {:.3})", ours.total() / MBIT, htb.total() / MBIT)
     });
     check(&mut failures, alex >= left(&ours) * 0.82, || {
