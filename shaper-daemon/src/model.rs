@@ -45,6 +45,12 @@ pub fn roommates(sources: [Source; 4]) -> Vec<ClassSpec> {
     ]
 }
 
+/// An application that writes 16 KB every 50 ms (2.6 mbit/s: a video player's segments).
+pub const WRITES: Source = Source::Bursts { burst: 16_384, period_ns: 50 * MS };
+/// The shares (bits/s) HTB gives seed 000's classes when alex and betty are greedy and carl
+/// runs [`WRITES`]: carl keeps what he writes, alex and betty divide the rest.
+pub const WRITES_SHARES: [u64; 4] = [2_930_000, 4_470_000, 2_620_000, 0];
+
 /// What one class's traffic does.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Source {
@@ -481,8 +487,7 @@ mod tests {
     /// rate (it was by 8 % in the VM when a 20 ms pause counted as stopping).
     #[test]
     fn an_application_writing_in_bursts_keeps_its_share() {
-        let bursts = Source::Bursts { burst: 16_384, period_ns: 50 * MS };
-        let run = check(&roommates([GREEDY, GREEDY, bursts, Source::Idle]), &[2_930_000, 4_470_000, 2_620_000, 0]);
+        let run = check(&roommates([GREEDY, GREEDY, WRITES, Source::Idle]), &WRITES_SHARES);
         // From the first second on: the three classes start together, each paced at what it
         // would get alone for their first tick (see `classes_that_wake_together_...`).
         let most = run.max_in_window(None, SECOND, SECOND);

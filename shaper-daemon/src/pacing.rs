@@ -25,9 +25,9 @@
 //! - **What no class was allocated is lent** to the classes that would send more (limited
 //!   lately), by HTB's rules (prio, weight, every ceil), on top of their allocations: the
 //!   rates paced add up to the link at most, and what one class leaves idle another may send
-//!   at once. HTB's borrowing is
-//!   instant: a greedy TCP flow that halved its window, or a borrower the tick an on/off
-//!   sender stops, would otherwise wait for its estimator to catch up.
+//!   at once. HTB's borrowing is instant: a greedy TCP flow that halved its window, or a
+//!   borrower the tick an on/off sender stops, would otherwise wait for its estimator to
+//!   catch up.
 //! - No class is paced below its guarantee.
 
 use std::collections::VecDeque;

@@ -15,7 +15,10 @@
 //! - bursts: alex and betty greedy, carl writing 16 KB every 50 ms (link use, shares);
 //! - wake: alex, betty and carl start at once (what the link carries over its rate).
 
-use crate::model::{reference, roommates, simulate_with_headroom, ClassSpec, Run, Source, GREEDY, MBIT, MS, SECOND};
+use crate::model::{
+    reference, roommates, simulate_with_headroom, ClassSpec, Run, Source, GREEDY, MBIT, MS, SECOND, WRITES,
+    WRITES_SHARES,
+};
 
 const LINK: u64 = 10 * MBIT;
 const HORIZON: u64 = 200 * MS;
@@ -92,9 +95,8 @@ pub fn measure(tick_ns: u64, headroom_percent: u64) -> Tuning {
     let off = reference(LINK, &on_off_classes, &[u64::MAX, 0, 2 * MBIT, 0])[0];
     let alex = on_off_run.rates(2 * SECOND, DURATION)[0];
 
-    let bursts = roommates([GREEDY, GREEDY, Source::Bursts { burst: 16_384, period_ns: 50 * MS }, IDLE]);
-    let bursts_run = run(&bursts);
-    let bursts_error = share_error(&bursts_run, &[2_930_000, 4_470_000, 2_620_000, 0]);
+    let bursts_run = run(&roommates([GREEDY, GREEDY, WRITES, IDLE]));
+    let bursts_error = share_error(&bursts_run, &WRITES_SHARES);
 
     let wake_run = run(&roommates([GREEDY, GREEDY, GREEDY, IDLE]));
     let wake_overshoot = wake_run.max_in_window(None, 100 * MS, 0).saturating_sub(LINK / 8 / 10);
