@@ -75,7 +75,7 @@ pub fn delay_bucket(delay_ns: u64) -> usize {
 /// The version of the maps' layout (their key and value types and sizes). Pinned maps live in
 /// a directory named after it, so a shaperd whose maps differ never opens the pins of another:
 /// bump it whenever a map definition or a struct in this file changes.
-pub const MAP_LAYOUT_VERSION: u32 = 3;
+pub const MAP_LAYOUT_VERSION: u32 = 4;
 
 /// Map names, as they appear in the object file.
 pub mod maps {
@@ -90,9 +90,22 @@ pub mod maps {
     pub const GLOBALS: &str = "GLOBALS";
     pub const FLOWS: &str = "FLOWS";
     pub const HOSTS: &str = "HOSTS";
+    pub const LINKS: &str = "LINKS";
     /// Every map, for pinning.
-    pub const ALL: [&str; 11] =
-        [IFACES, TUPLES, RULES, SPORT_IDS, DPORT_IDS, CLASS_CONFIG, CLASS_STATE, CLASS_STATS, GLOBALS, FLOWS, HOSTS];
+    pub const ALL: [&str; 12] = [
+        IFACES,
+        TUPLES,
+        RULES,
+        SPORT_IDS,
+        DPORT_IDS,
+        CLASS_CONFIG,
+        CLASS_STATE,
+        CLASS_STATS,
+        GLOBALS,
+        FLOWS,
+        HOSTS,
+        LINKS,
+    ];
 }
 
 /// Name of the tc program in the object file.
@@ -128,7 +141,24 @@ pub struct IfaceConfig {
     /// May be negative, as with tc's `overhead`, to subtract headers the link does not carry.
     pub overhead: i32,
     pub flags: u32,
+    /// The rate of the interface's link clock (`LINKS`, indexed by `slot`), bytes/s: the
+    /// link's rate plus [`LINK_SLACK_PERCENT`]; 0: no link clock.
+    pub link_bytes: u64,
 }
+
+/// The link clock runs this much faster than the link. Every paced packet takes its time on
+/// the wire from it, so it tells how far ahead the link's departures are committed; quiet
+/// classes wait behind it (see [`CLASS_QUIET`]). The busy classes' rates add up to the link,
+/// plus the headroom of those that are not limited: at exactly the link's rate, the clock
+/// would drift ahead of the departures it stands for.
+pub const LINK_SLACK_PERCENT: u64 = 2;
+
+/// `ClassConfig::flags`: the class is quiet, paced at its wake rate (what it would get if it
+/// woke) rather than at an allocation, which the other classes' rates leave no room for.
+/// Its packets leave no earlier than the link clock, behind the departures the busy classes
+/// have been given, until the next tick allocates it its share; a packet of a sparse flow
+/// (one per 10 ms or less, within the sparse budget) still leaves at once.
+pub const CLASS_QUIET: u32 = 1;
 
 /// Number of tuples in use, and other global knobs; one entry in `GLOBALS`.
 #[repr(C)]
@@ -215,7 +245,8 @@ pub struct ClassConfig {
     pub codel_interval_ns: u64,
     /// Isolation inside the class: [`ISOLATE_NONE`], [`ISOLATE_HOST`] or [`ISOLATE_FLOW`].
     pub isolation: u32,
-    pub _pad: u32,
+    /// [`CLASS_QUIET`], or 0.
+    pub flags: u32,
     /// One host's (or flow's) fair share of the class's rate, bytes/s, as the daemon last
     /// estimated it; 0: no isolation. Each host has a clock at this rate: a host whose clock
     /// runs ahead of now sends more than its share, and only its packets get the AQM's
@@ -344,7 +375,7 @@ impl ClassStats {
     }
 }
 
-const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 16);
+const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 24);
 const _: () = assert!(core::mem::size_of::<Globals>() == 16);
 const _: () = assert!(core::mem::size_of::<RuleKey>() == RULE_KEY_WORDS * 8);
 const _: () = assert!(core::mem::size_of::<Tuple>() == 56);

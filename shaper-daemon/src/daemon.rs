@@ -12,8 +12,8 @@ use std::{
 };
 
 use shaper_common::{
-    frames_ns, ClassConfig, IfaceConfig, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, IFACE_DOWNLOAD, IFACE_ENABLED, IFACE_L3,
-    ISOLATE_FLOW, ISOLATE_HOST, ISOLATE_NONE, MAX_CLASSES,
+    frames_ns, ClassConfig, IfaceConfig, CLASS_QUIET, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, IFACE_DOWNLOAD,
+    IFACE_ENABLED, IFACE_L3, ISOLATE_FLOW, ISOLATE_HOST, ISOLATE_NONE, LINK_SLACK_PERCENT, MAX_CLASSES,
 };
 use tokio::sync::{watch, Mutex};
 use tracing::{debug, error, info, instrument, warn};
@@ -78,6 +78,8 @@ struct ClassEntry {
     throughput: Rate,
     /// Whether the estimator found the class limited by its pacing rate at the last tick.
     limited: bool,
+    /// Whether the class is paced at its wake rate, behind the link clock (`CLASS_QUIET`).
+    quiet: bool,
     /// Isolation: one host's fair share of the class (bits/s; 0 before the first tick), and
     /// the isolation counters at the last tick.
     share: u64,
@@ -96,6 +98,7 @@ impl ClassEntry {
             allocated: Rate::ZERO,
             estimator: Estimator::new(),
             throughput: Rate::ZERO,
+            quiet: false,
             limited: false,
             share: 0,
             share_counters: (0, 0, 0),
@@ -151,8 +154,8 @@ struct State {
 }
 
 /// The datapath's settings of a leaf class paced at `rate`, whose hosts' fair share is
-/// `share` (bits/s; 0: none yet).
-fn class_config(class: &Class, rate: Rate, share: u64) -> ClassConfig {
+/// `share` (bits/s; 0: none yet), quiet or not (see `pacing`).
+fn class_config(class: &Class, rate: Rate, share: u64, quiet: bool) -> ClassConfig {
     let (target, interval) =
         class.aqm.map_or((0, 0), |a| codel_params(horizon_ns(a.target), horizon_ns(a.interval), rate));
     let isolation = match class.isolation {
@@ -174,7 +177,7 @@ fn class_config(class: &Class, rate: Rate, share: u64) -> ClassConfig {
         codel_target_ns: target,
         codel_interval_ns: interval,
         isolation,
-        _pad: 0,
+        flags: if quiet { CLASS_QUIET } else { 0 },
         share_bytes,
         share_horizon_ns: (horizon_ns(class.horizon) / 2).max(slack * 4),
         share_slack_ns: slack,
@@ -508,7 +511,7 @@ async fn start(
                 let paced = Rate::from_bits_per_sec(datapath.class_config(id)?.rate_bytes.saturating_mul(8));
                 entry.current = paced.max(class.rate).min(class.ceil);
             }
-            datapath.set_class(id, class_config(class, entry.current, entry.share))?;
+            datapath.set_class(id, class_config(class, entry.current, entry.share, entry.quiet))?;
         }
         classes.push(entry);
     }
@@ -607,6 +610,7 @@ fn set_ifaces(datapath: &mut Datapath, config: &Config, ifindexes: &[u32], ids: 
                 default_class: ids[default],
                 overhead: iface.overhead,
                 flags,
+                link_bytes: iface.rate.bytes_per_sec() / 100 * (100 + LINK_SLACK_PERCENT),
             },
         )?;
     }
@@ -725,14 +729,16 @@ impl State {
                 let pacing = Rate::from_bits_per_sec(rates.pacing[node]);
                 let (under, over, near) = hosts[node];
                 let share = demand::fair_share(pacing.bits_per_sec(), entry.limited, under, over, near, entry.share);
-                // Rewritten when the rate changes, or the share by more than 1/32.
-                if pacing != entry.current || share.abs_diff(entry.share) > entry.share / 32 {
-                    self.datapath.set_class(entry.id, class_config(spec, pacing, share))?;
+                let quiet = rates.quiet[node];
+                // Rewritten when the rate or quietness changes, or the share by more than 1/32.
+                if pacing != entry.current || quiet != entry.quiet || share.abs_diff(entry.share) > entry.share / 32 {
+                    self.datapath.set_class(entry.id, class_config(spec, pacing, share, quiet))?;
                     if pacing != entry.current {
                         debug!(class = %spec.name, from = %entry.current, to = %pacing, "rate");
                     }
                     entry.current = pacing;
                     entry.share = share;
+                    entry.quiet = quiet;
                 }
             }
         }
@@ -860,7 +866,9 @@ impl State {
                 _ => ClassEntry::new(id, leaf, class.rate),
             };
             if leaf {
-                self.datapath.set_class(id, class_config(class, entry.current, entry.share)).map_err(internal)?;
+                self.datapath
+                    .set_class(id, class_config(class, entry.current, entry.share, entry.quiet))
+                    .map_err(internal)?;
             }
             entries.push(entry);
         }

@@ -14,9 +14,14 @@
 //!   first window of a transfer it starts would be queued far ahead at a rate that lasts
 //!   only until the next tick, or dropped at the horizon, and TCP would stall on the losses
 //!   for seconds. HTB lends such a class the borrowers' bandwidth the moment it has a packet;
-//!   paced at its wake rate, its packets leave as HTB would send them, and the borrowers are
-//!   moved down at the next tick. The link may carry both for up to a tick (plus the queue
-//!   the borrowers had), as it may whenever an allocation changes.
+//!   paced at its wake rate, its packets are given their times as HTB would send them, and
+//!   the borrowers are moved down at the next tick. Meanwhile the link's rate has been given
+//!   out already, so a quiet class's packets wait behind the link clock
+//!   (`shaper_common::CLASS_QUIET`): behind the departures the busy classes have been given,
+//!   taking what the link has left. The link so keeps its rate while classes wake (alone
+//!   or several in a tick); a waking transfer starts behind the link's queue (a few ms under
+//!   CoDel) and gets its share from the next tick, its clock carrying that delay on; a
+//!   sparse flow's packet (a ping, DNS) still leaves at once, within the sparse budget.
 //!
 //!   A class is quiet when it is not limited and wants at most 1/[`QUIET_DIVISOR`] of its
 //!   wake rate. The wake rates cost one allocation each; they are refreshed round-robin
@@ -51,6 +56,9 @@ pub struct Rates {
     pub allocated: Vec<u64>,
     /// The rate each leaf is paced at (inner nodes: their allocation).
     pub pacing: Vec<u64>,
+    /// Whether each leaf is quiet: paced at its wake rate, behind the link clock
+    /// (`shaper_common::CLASS_QUIET`).
+    pub quiet: Vec<bool>,
 }
 
 /// What the pacer knows of one leaf at a tick (inner nodes: the default).
@@ -88,14 +96,15 @@ impl Pacer {
         let allocated = self.settler.settle(tree, &tree.allocate(&demand), &backlog, now_ns);
         self.refresh_wake(tree, &demand, leaves);
         let mut pacing = Self::lend(tree, &allocated, leaves, self.settler.committed);
+        let mut quiet = vec![false; n];
         for i in (1..n).filter(|&i| tree.is_leaf(i)) {
             let wake = self.wake[i];
-            let quiet = !leaves[i].limited && demand[i] <= wake / QUIET_DIVISOR;
-            let rate = if quiet { pacing[i].max(wake) } else { pacing[i] };
+            quiet[i] = !leaves[i].limited && demand[i] <= wake / QUIET_DIVISOR;
+            let rate = if quiet[i] { pacing[i].max(wake) } else { pacing[i] };
             pacing[i] = rate.max(tree.nodes[i].rate);
             self.settler.paced_at(i, pacing[i]);
         }
-        Rates { allocated, pacing }
+        Rates { allocated, pacing, quiet }
     }
 
     /// Each node's allocation, plus what is left of the link over the leaves' allocations

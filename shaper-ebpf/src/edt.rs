@@ -9,6 +9,8 @@
 
 use core::intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering};
 
+use shaper_common::ClassConfig;
+
 /// Atomic compare-and-exchange on a u64 (BPF_ATOMIC | BPF_CMPXCHG).
 ///
 /// `core::sync::atomic` is not available: the bpfel target declares no CAS support (it
@@ -48,7 +50,25 @@ const CAS_ATTEMPTS: usize = 4;
 /// # Safety
 /// `next` must point into a map value that stays valid for the call.
 #[inline(always)]
-pub unsafe fn take_slot(next: *mut u64, cost: u64, t0: u64, now: u64, horizon: u64, burst: u64) -> Verdict {
+pub unsafe fn take_slot(next: *mut u64, cost: u64, t0: u64, now: u64, limits: &ClassConfig) -> Verdict {
+    // SAFETY: forwarded to the caller.
+    match unsafe { take_slot_packed(next, cost, t0, now, limits) } {
+        HORIZON => Verdict::Horizon,
+        v => Verdict::Send { depart: v & !IDLE, idle: v & IDLE != 0 },
+    }
+}
+
+/// [`take_slot`]'s answer packed in a register: the departure time, with `IDLE` set if the
+/// clock was idle, or `HORIZON`. Departure times are CLOCK_MONOTONIC ns, far below 2^63.
+const IDLE: u64 = 1 << 63;
+const HORIZON: u64 = 0;
+
+/// [`take_slot`] in a frame of its own, which keeps the verifier's walk of the caller within
+/// bounds on older kernels (its paths meet again at the return). The horizon and the burst
+/// come from `limits`: five arguments at most, and a value returned in a register.
+#[inline(never)]
+unsafe fn take_slot_packed(next: *mut u64, cost: u64, t0: u64, now: u64, limits: &ClassConfig) -> u64 {
+    let (horizon, burst) = (limits.horizon_ns, limits.burst_ns);
     for _ in 0..CAS_ATTEMPTS {
         // SAFETY: `next` is valid (caller) and 8-byte aligned (map value of u64 fields).
         let last = unsafe { core::ptr::read_volatile(next) };
@@ -58,13 +78,13 @@ pub unsafe fn take_slot(next: *mut u64, cost: u64, t0: u64, now: u64, horizon: u
         // The class is idle: the packet may leave at t0, and the clock restarts from there
         // (or up to `burst` before).
         if t0 - now > horizon {
-            return Verdict::Horizon;
+            return HORIZON;
         }
         let start = if last + burst > t0 { last } else { t0 - burst };
         // SAFETY: as above.
         let swapped = unsafe { cas(next, last, start + cost) };
         if swapped {
-            return Verdict::Send { depart: t0, idle: true };
+            return t0 | IDLE;
         }
     }
     // Backlogged: take the next slot. The clock only ever moves forward, so `old` is at least
@@ -76,9 +96,13 @@ pub unsafe fn take_slot(next: *mut u64, cost: u64, t0: u64, now: u64, horizon: u
     if depart - now > horizon {
         // SAFETY: as above.
         unsafe { give_back(next, cost) };
-        return Verdict::Horizon;
+        return HORIZON;
     }
-    Verdict::Send { depart, idle: old <= t0 }
+    if old <= t0 {
+        depart | IDLE
+    } else {
+        depart
+    }
 }
 
 /// Returns a packet's slot to the class clock, for a packet that is dropped after all.

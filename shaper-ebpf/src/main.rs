@@ -23,7 +23,7 @@ use aya_ebpf::{
 };
 use shaper_common::{
     delay_bucket, frames_ns, ClassConfig, ClassState, ClassStats, Globals, HostKey, HostState, IfaceConfig, RuleKey,
-    RuleTarget, Tuple, FLOW_SLOTS, HOST_SLOTS, IFACE_DOWNLOAD, IFACE_L3, ISOLATE_FLOW, ISOLATE_NONE, MAX_CLASSES,
+    RuleTarget, Tuple, CLASS_QUIET, FLOW_SLOTS, HOST_SLOTS, IFACE_DOWNLOAD, IFACE_L3, ISOLATE_FLOW, ISOLATE_NONE, MAX_CLASSES,
     MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS, RULE_BANKS, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
 };
 
@@ -51,6 +51,10 @@ static FLOWS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(FLOW_SLOTS, 0)
 /// (class, host or flow) → the host's clock at its fair share (isolation inside classes).
 #[map]
 static HOSTS: LruHashMap<HostKey, HostState> = LruHashMap::with_max_entries(HOST_SLOTS, 0);
+/// Interface slot → the link clock: when the bytes paced so far will have left at the link's
+/// rate (plus its slack, `IfaceConfig::link_bytes`).
+#[map]
+static LINKS: Array<u64> = Array::with_max_entries(MAX_INTERFACES, 0);
 
 /// `__sk_buff.tstamp_type` value for a CLOCK_MONOTONIC delivery time
 /// (`BPF_SKB_TSTAMP_DELIVERY_MONO` since 5.18, renamed `BPF_SKB_CLOCK_MONOTONIC` in 6.11).
@@ -73,8 +77,10 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     let skb = ctx.skb.skb;
     // SAFETY: the context pointer is valid for the whole program run.
     let ifindex = unsafe { (*skb).ifindex };
-    // SAFETY: value copied out at once.
-    let iface = unsafe { IFACES.get(&ifindex) }.copied().ok_or(())?;
+    // A reference into the map value rather than a copy (the BPF stack is small); the daemon
+    // rewrites it only when the configuration changes, and each field is read once.
+    // SAFETY: the value lives as long as the map.
+    let iface = unsafe { IFACES.get(&ifindex) }.ok_or(())?;
 
     let mut key = RuleKey { iface: iface.slot as u16, ..RuleKey::default() };
     // SAFETY: as above.
@@ -93,7 +99,7 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     // The host is the address on the hosts' side of the gateway: the source of an upload,
     // the destination of a download (zero for packets that are not IP).
     let host = if iface.flags & IFACE_DOWNLOAD != 0 { &key.dst } else { &key.src };
-    Ok(shape(ctx, &Packet { class, hdr_len, overhead: iface.overhead, ip, host }))
+    Ok(shape(ctx, &Packet { class, hdr_len, ip, host, iface }))
 }
 
 /// What the parser and the classifier learnt of a packet, for [`shape`].
@@ -101,11 +107,66 @@ struct Packet<'a> {
     class: u32,
     /// Bytes of headers every GSO segment carries.
     hdr_len: u32,
-    /// The interface's per-packet overhead.
-    overhead: i32,
     ip: IpEcn,
     /// The packet's host (see [`share`]).
     host: &'a [u8; 16],
+    /// The interface's settings: its per-packet overhead and its link clock.
+    iface: &'a IfaceConfig,
+}
+
+/// Takes `cost` ns on the link clock at `clock`; returns when the bytes paced before will
+/// have left (`now` at the latest). A clock behind now restarts from now (one attempt; a
+/// lost race takes the slot after the winner's). Not inlined: a frame of its own keeps the
+/// verifier's walk of `shape` within bounds on older kernels.
+#[inline(never)]
+fn link_take(clock: *mut u64, cost: u64, now: u64) -> u64 {
+    // SAFETY: a pointer into an array map value (`LINKS`), which lives as long as the map.
+    let last = unsafe { core::ptr::read_volatile(clock) };
+    // SAFETY: as above.
+    if last <= now && unsafe { edt::cas(clock, last, now + cost) } {
+        return now;
+    }
+    // SAFETY: as above.
+    let old = unsafe { edt::fetch_add(clock, cost) };
+    if old > now {
+        old
+    } else {
+        now
+    }
+}
+
+/// One packet's time on the link clock.
+struct LinkSlot {
+    clock: Option<*mut u64>,
+    cost: u64,
+}
+
+impl LinkSlot {
+    #[inline(always)]
+    fn new(iface: &IfaceConfig, bytes: u64) -> Self {
+        let rate = iface.link_bytes;
+        let clock = if rate == 0 { None } else { LINKS.get_ptr_mut(iface.slot) };
+        Self { clock, cost: (bytes * NS).checked_div(rate).unwrap_or(0) }
+    }
+
+    /// Takes the packet's time on the link clock: returns when the bytes paced before it
+    /// will have left (`now` at the latest, or if there is no link clock).
+    #[inline(always)]
+    fn take(&self, now: u64) -> u64 {
+        match self.clock {
+            Some(clock) => link_take(clock, self.cost, now),
+            None => now,
+        }
+    }
+
+    /// Returns the packet's time, for a packet that is dropped after all.
+    #[inline(always)]
+    fn give_back(&self) {
+        if let Some(clock) = self.clock {
+            // SAFETY: as above.
+            unsafe { edt::give_back(clock, self.cost) };
+        }
+    }
 }
 
 /// Where a packet's ECN field is, for CE marking.
@@ -177,7 +238,7 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
     // SAFETY: the context pointer is valid for the whole program run.
     let (len, gso_segs) = unsafe { ((*skb).len, (*skb).gso_segs) };
     let segs = u64::from(gso_segs.max(1));
-    let bytes = wire_len(len, gso_segs, p.hdr_len, p.overhead);
+    let bytes = wire_len(len, gso_segs, p.hdr_len, p.iface.overhead);
 
     let config = match CLASS_CONFIG.get(class) {
         // A reference into the map value rather than a copy: the BPF stack is small. The
@@ -239,6 +300,8 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
     let flow_last = flow_slot.map_or(0, |p| unsafe { core::ptr::read_volatile(p) });
     let sent = Sent { skb, flow, flow_slot, tstamp, now, bytes, segs };
     let horizon = config.horizon_ns;
+    let link = LinkSlot::new(p.iface, bytes);
+    let committed = link.take(now);
     if segs == 1 && sparse(state, flow_last, t0, now, cost, rate, horizon) {
         // A sparse flow leaves ahead of its class's queue, as fq_codel serves new flows
         // first; its slot is still taken from the class clock, so the class keeps to its rate.
@@ -248,12 +311,23 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
         stats.sparse_packets += 1;
         return sent.record(stats, t0);
     }
+    // A quiet class's packet leaves behind what the link has committed (see `CLASS_QUIET`),
+    // unless its flow is sparse and the class's sparse budget has room.
+    let start =
+        if committed > t0 && config.flags & CLASS_QUIET != 0 && !(segs == 1 && on_time(state, flow_last, now, cost)) {
+            committed
+        } else {
+            t0
+        };
     // SAFETY: `state` points into an array map value that lives as long as the map.
     let edt::Verdict::Send { depart, idle } =
-        (unsafe { edt::take_slot(next, cost, t0, now, horizon, config.burst_ns) })
+        (unsafe { edt::take_slot(next, cost, start, now, config) })
     else {
+        link.give_back();
         return horizon_drop(stats, bytes, segs);
     };
+    // Idle by its own clock: a quiet class held back by the link only waits for its turn (a
+    // stream below its share stays quiet; a transfer that wakes shows by what it offers).
     if idle {
         stats.idle_packets += segs;
     }
@@ -268,6 +342,7 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
             } else {
                 // SAFETY: as above.
                 unsafe { edt::give_back(next, cost) };
+                link.give_back();
                 stats.drop_aqm_packets += segs;
                 stats.drop_aqm_bytes += bytes;
                 return TC_ACT_SHOT;
@@ -439,8 +514,7 @@ const SPARSE_GAP_NS: u64 = 10_000_000;
 #[inline(always)]
 fn sparse(state: *mut ClassState, last: u64, t0: u64, now: u64, cost: u64, rate: u64, horizon: u64) -> bool {
     // SAFETY: `state` points into a map value (caller); no reference is created.
-    let (next, budget) =
-        unsafe { (core::ptr::addr_of_mut!((*state).next_ns), core::ptr::addr_of_mut!((*state).sparse_next_ns)) };
+    let next = unsafe { core::ptr::addr_of_mut!((*state).next_ns) };
     // SAFETY: as above.
     let class_next = unsafe { core::ptr::read_volatile(next) };
     if class_next <= t0 {
@@ -454,6 +528,23 @@ fn sparse(state: *mut ClassState, last: u64, t0: u64, now: u64, cost: u64, rate:
     if queue > frames_ns(SPARSE_MAX_QUEUE_FRAMES, rate) || queue + cost > horizon {
         return false;
     }
+    sparse_budget(state, now, cost)
+}
+
+/// Whether a quiet class's packet may leave at its own time rather than behind the link
+/// clock: its flow sends less than one packet per [`SPARSE_GAP_NS`] (its previous packet
+/// left at `last`), and the class's sparse budget has room. Not inlined, as `link_take`.
+#[inline(never)]
+fn on_time(state: *mut ClassState, last: u64, now: u64, cost: u64) -> bool {
+    last.saturating_add(SPARSE_GAP_NS) <= now && sparse_budget(state, now, cost)
+}
+
+/// Takes a sparse packet's share of the class's sparse budget (`1 / SPARSE_SHARE` of its
+/// rate), if the budget has room.
+#[inline(always)]
+fn sparse_budget(state: *mut ClassState, now: u64, cost: u64) -> bool {
+    // SAFETY: `state` points into a map value (caller); no reference is created.
+    let budget = unsafe { core::ptr::addr_of_mut!((*state).sparse_next_ns) };
     // SAFETY: as above.
     let budget_next = unsafe { core::ptr::read_volatile(budget) };
     // SAFETY: as above; a lost race only sends this packet through the queue.

@@ -225,7 +225,13 @@ pub const LO: u32 = 1;
 pub fn loopback_datapath(rules: &[shaper::rules::RuleSpec], default_class: u32) -> Datapath {
     require_root();
     let mut dp = Datapath::load().expect("loading the tc program");
-    let iface = shaper_common::IfaceConfig { slot: 0, default_class, overhead: 0, flags: shaper_common::IFACE_ENABLED };
+    let iface = shaper_common::IfaceConfig {
+        slot: 0,
+        default_class,
+        overhead: 0,
+        flags: shaper_common::IFACE_ENABLED,
+        link_bytes: 0,
+    };
     dp.set_iface(LO, iface).expect("setting the loopback interface");
     dp.load_rules(&shaper::rules::compile(rules).expect("compiling rules")).expect("loading rules");
     dp

@@ -11,7 +11,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use shaper::{bpf::Datapath, rules::RuleSpec};
-use shaper_common::{ClassConfig, IfaceConfig, IFACE_ENABLED, ISOLATE_HOST};
+use shaper_common::{ClassConfig, IfaceConfig, CLASS_QUIET, IFACE_ENABLED, ISOLATE_HOST};
 use shaper_tests::{ipv4, ipv6, loopback_datapath, monotonic_ns, run, Frame, SkbCtx, L4, LO, TC_ACT_OK, TC_ACT_SHOT};
 
 const DEFAULT: u32 = 9;
@@ -119,6 +119,50 @@ fn a_sparse_flow_leaves_ahead_of_a_backlogged_class() {
     assert_eq!(third, queued_until + 3_000_000);
     let s = dp.class_stats(DEFAULT).unwrap();
     assert_eq!((s.sparse_packets, s.packets, s.idle_packets), (1, 10, 1));
+}
+
+/// A quiet class (paced at its wake rate, which the busy classes' rates leave no room for)
+/// waits behind the departures the link has committed, but for a sparse flow's packet; a
+/// busy class keeps to its own clock.
+#[test]
+fn a_quiet_class_waits_behind_the_link_clock() {
+    const QUIET: u32 = 2;
+    let mut dp = datapath(&[RuleSpec { sport: Some((2000, 2999)), ..RuleSpec::new(0, QUIET) }]);
+    // The link and both classes at 1,000,000 bytes/s.
+    dp.set_iface(
+        LO,
+        IfaceConfig { slot: 0, default_class: DEFAULT, overhead: 0, flags: IFACE_ENABLED, link_bytes: 1_000_000 },
+    )
+    .unwrap();
+    one_megabyte_per_second(&mut dp);
+    let quiet =
+        ClassConfig { rate_bytes: 1_000_000, horizon_ns: 10 * SECOND, flags: CLASS_QUIET, ..ClassConfig::default() };
+    dp.set_class(QUIET, quiet).unwrap();
+    // The busy class commits 6 ms of the link.
+    let bulk: Vec<u64> = (0..6).map(|_| run(&dp, &kilobyte(1000), SkbCtx::default(), 1).ctx.tstamp).collect();
+    assert_eq!(dp.class_state(DEFAULT).unwrap().next_ns, bulk[0] + 6_000_000);
+    // The quiet class's new flow leaves at once (sparse), and takes its 1 ms of the link.
+    let before = monotonic_ns();
+    let first = run(&dp, &kilobyte(2000), SkbCtx::default(), 1).ctx.tstamp;
+    let after = monotonic_ns();
+    assert!(first >= before && first <= after, "a sparse packet leaves at once: {first} not in [{before}, {after}]");
+    // Its next packet waits for the link: behind the busy class's 6 ms and its own first.
+    let second = run(&dp, &kilobyte(2000), SkbCtx::default(), 1).ctx.tstamp;
+    assert_eq!(second, bulk[0] + 7_000_000);
+    // ...and the class's clock follows, so it goes on from there once it is busy itself.
+    assert_eq!(dp.class_state(QUIET).unwrap().next_ns, bulk[0] + 8_000_000);
+    // The busy class is not held back by the link: its next packet keeps to its own clock.
+    let busy = run(&dp, &kilobyte(1000), SkbCtx::default(), 1).ctx.tstamp;
+    assert_eq!(busy, bulk[0] + 6_000_000);
+    // The same class, not quiet, leaves at its own time (its clock, 8 ms ahead).
+    dp.set_class(QUIET, ClassConfig { flags: 0, ..quiet }).unwrap();
+    let own = run(&dp, &kilobyte(2000), SkbCtx::default(), 1).ctx.tstamp;
+    assert_eq!(own, bulk[0] + 8_000_000);
+    // Held back by the link, not by its own rate, the quiet class counted as idle (it is not
+    // limited by its rate); the busy class's five later packets found its clock ahead.
+    let (q, b) = (dp.class_stats(QUIET).unwrap(), dp.class_stats(DEFAULT).unwrap());
+    assert_eq!((q.packets, q.sparse_packets, q.idle_packets), (3, 0, 2));
+    assert_eq!((b.packets, b.idle_packets), (7, 1));
 }
 
 #[test]
@@ -403,7 +447,8 @@ fn a_class_that_was_idle_sends_one_burst_at_once() {
 #[test]
 fn overhead_and_gso_segments_count_as_wire_bytes() {
     let mut dp = datapath(&[]);
-    dp.set_iface(LO, IfaceConfig { slot: 0, default_class: DEFAULT, overhead: 8, flags: IFACE_ENABLED }).unwrap();
+    dp.set_iface(LO, IfaceConfig { slot: 0, default_class: DEFAULT, overhead: 8, flags: IFACE_ENABLED, link_bytes: 0 })
+        .unwrap();
     dp.set_class(DEFAULT, ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: SECOND, ..ClassConfig::default() })
         .unwrap();
     // A TSO packet: 2 segments of 1448 bytes behind 14 + 20 + 32 bytes of headers (BPF_PROG_TEST_RUN

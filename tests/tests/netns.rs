@@ -46,8 +46,11 @@ fn per_class_counters_match_bytes_that_crossed_the_veth() {
             // (/sys still shows the namespace it was mounted in; the ioctl asks this thread's.)
             // SAFETY: valid NUL-terminated name.
             let ifindex = unsafe { libc::if_nametoindex(c"lan0".as_ptr()) };
-            dp.set_iface(ifindex, IfaceConfig { slot: 0, default_class: 3, overhead: 0, flags: IFACE_ENABLED })
-                .unwrap();
+            dp.set_iface(
+                ifindex,
+                IfaceConfig { slot: 0, default_class: 3, overhead: 0, flags: IFACE_ENABLED, link_bytes: 0 },
+            )
+            .unwrap();
             let rules = [rule(0, 1, "10.77.0.1/32"), rule(1, 2, "10.77.0.2/32"), rule(2, 4, "fd77::/64")];
             dp.load_rules(&compile(&rules).unwrap()).unwrap();
             for class in 1..=4 {
@@ -169,7 +172,10 @@ fn pinned_datapath_is_taken_over_in_place() {
             let (mut first, adopted) = Datapath::load_pinned(&root).expect("loading with pins");
             assert!(!adopted);
             first
-                .set_iface(ifindex, IfaceConfig { slot: 0, default_class: 3, overhead: 0, flags: IFACE_ENABLED })
+                .set_iface(
+                    ifindex,
+                    IfaceConfig { slot: 0, default_class: 3, overhead: 0, flags: IFACE_ENABLED, link_bytes: 0 },
+                )
                 .unwrap();
             first.load_rules(&compile(&[rule(0, 1, "10.79.0.1/32")]).unwrap()).unwrap();
             let fast = ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: 1_000_000_000, ..ClassConfig::default() };
