@@ -28,7 +28,9 @@
 //!   new rate (not otherwise: an application writing 16 KB every 50 ms has two writes or
 //!   three in 100 ms, and its demand would follow them); or if less than half: a class that
 //!   stopped gives its share back at once; nothing, after a silence of
-//!   200 ms, or four frames' time at its rate if longer; and a class quiet until a moment
+//!   200 ms, or four frames' time at its rate if longer, or once it has paused twice as long
+//!   as its longest pause of the last 2 s and two ticks at least (an on/off sender, off after
+//!   20 ms; an application writing every 50 ms learns its pauses); and a class quiet until a moment
 //!   ago, over the time since it was last quiet, once it has sent four full frames) plus
 //!   [`HEADROOM_PERCENT`], so that its own jitter does not queue it; a new demand within a
 //!   dead band around the last one keeps the last one, so that a steady sender's allocation
@@ -123,6 +125,11 @@ pub struct Estimator {
     quiet_at: Option<(u64, Counters)>,
     /// When the class was last limited.
     limited_at: Option<u64>,
+    /// The last observation at which the class had offered more than at the one before.
+    sent_at: Option<u64>,
+    /// Its pauses (time between two observations at which it offered more) of the last
+    /// [`PAUSE_MEMORY_NS`]: (when the pause ended, its length), oldest first.
+    pauses: VecDeque<(u64, u64)>,
     /// [`HEADROOM_PERCENT`], or another value for the model's tuning sweep; the dead band
     /// scales with it (from half of it to twice it).
     headroom_percent: u64,
@@ -144,6 +151,16 @@ const STOPPED_DIVISOR: u64 = 2;
 /// sending, and its rate is read from the time it was last quiet.
 const WAKE_BYTES: u64 = 4 * FRAME_BITS / 8;
 
+/// A class that is not limited has stopped once it has paused twice as long as its longest
+/// pause of the last [`PAUSE_MEMORY_NS`] (a silence over [`SILENCE_NS`] was a stop, not a
+/// pause), and at least this long (two ticks): it gives its
+/// share back then, not when its 100 ms rate falls under half its 400 ms one (about 60 ms
+/// after an on/off sender stops). An application that writes every 50 ms pauses for about
+/// as long between writes, and keeps its share.
+const STOP_NS: u64 = 20_000_000;
+/// How long the estimator remembers a class's pauses.
+const PAUSE_MEMORY_NS: u64 = 2_000_000_000;
+
 impl Estimator {
     #[must_use]
     pub fn new() -> Self {
@@ -159,12 +176,15 @@ impl Estimator {
             streak: 0,
             quiet_at: None,
             limited_at: None,
+            sent_at: None,
+            pauses: VecDeque::new(),
             headroom_percent: percent,
         }
     }
 
     /// Records an observation and returns the class's demand.
     pub fn update(&mut self, o: &Observation) -> Estimate {
+        self.note_pause(o);
         slide(&mut self.samples, o.now_ns, (o.counters, o.backlog_ns), RATE_WINDOW_NS);
         let offered = Self::rate_since(self.samples[0], o);
         let window = queue_window(o.pacing);
@@ -235,7 +255,7 @@ impl Estimator {
             let silent = self
                 .window_start(o.now_ns, silence)
                 .is_some_and(|(_, (c0, _))| c0.offered_bytes == o.counters.offered_bytes);
-            let offered = if silent {
+            let offered = if silent || self.stopped(o.now_ns) {
                 0
             } else if lately < offered / STOPPED_DIVISOR {
                 lately
@@ -260,6 +280,31 @@ impl Estimator {
             self.quiet_at = Some((o.now_ns, o.counters));
         }
         Estimate { demand, offered, limited, lately_limited }
+    }
+
+    /// Records the pause that ends at this observation, if the class offered more than at
+    /// the last one.
+    fn note_pause(&mut self, o: &Observation) {
+        let sent = self.samples.back().is_none_or(|(_, (c, _))| o.counters.offered_bytes > c.offered_bytes);
+        if !sent {
+            return;
+        }
+        // A silence longer than SILENCE_NS was a stop (an on/off sender's off phase), not a
+        // pause between writes.
+        if let Some(pause) = self.sent_at.map(|t| o.now_ns.saturating_sub(t)).filter(|&p| p <= SILENCE_NS) {
+            self.pauses.push_back((o.now_ns, pause));
+        }
+        while self.pauses.front().is_some_and(|&(t, _)| o.now_ns.saturating_sub(t) > PAUSE_MEMORY_NS) {
+            self.pauses.pop_front();
+        }
+        self.sent_at = Some(o.now_ns);
+    }
+
+    /// Whether the class has stopped: it has paused for twice its longest pause of the last
+    /// [`PAUSE_MEMORY_NS`], and for [`STOP_NS`] at least.
+    fn stopped(&self, now: u64) -> bool {
+        let longest = self.pauses.iter().map(|&(_, p)| p).max().unwrap_or(0);
+        self.sent_at.is_some_and(|t| now.saturating_sub(t) >= (2 * longest).max(STOP_NS))
     }
 
     /// The offered rate from sample `since` to the observation, bits/s.
@@ -451,6 +496,33 @@ mod tests {
         // it was quiet for most of.
         let r = drive(&mut e, &mut s, 8 * MBIT, 8 * MBIT, 2, false);
         assert!(r.demand >= 8 * MBIT, "{r:?}");
+    }
+
+    #[test]
+    fn a_sender_that_stops_gives_its_share_back_after_two_ticks() {
+        let mut e = Estimator::new();
+        let mut s = (0, Counters::default());
+        assert!(drive(&mut e, &mut s, 4 * MBIT, 5 * MBIT, 100, false).demand >= 4 * MBIT);
+        // It stops: one tick of silence is a pause, two are a stop.
+        assert!(drive(&mut e, &mut s, 0, 5 * MBIT, 1, false).demand >= 3_500_000);
+        let r = drive(&mut e, &mut s, 0, 5 * MBIT, 1, false);
+        assert!(r.demand <= HEADROOM_FLOOR, "{r:?}");
+    }
+
+    #[test]
+    fn an_application_that_pauses_between_writes_keeps_its_share() {
+        let mut e = Estimator::new();
+        let mut s = (0, Counters::default());
+        // 16 KB every 50 ms (2.6 mbit/s): a tick with a write, four without.
+        let mut demands = Vec::new();
+        for _ in 0..100 {
+            drive(&mut e, &mut s, 16_384 * 8 * 100, 5 * MBIT, 1, false);
+            for _ in 0..4 {
+                demands.push(drive(&mut e, &mut s, 0, 5 * MBIT, 1, false).demand);
+            }
+        }
+        // Once it has paused a few times, it is never taken for stopped.
+        assert!(demands[20..].iter().all(|&d| d >= 2_000_000), "{:?}", &demands[20..]);
     }
 
     #[test]

@@ -127,6 +127,6 @@ mod tests {
     #[test]
     fn the_chosen_tick_and_headroom_meet_the_targets() {
         let t = measure(10 * MS, crate::demand::HEADROOM_PERCENT);
-        assert!(t.link_use >= 97.0 && t.share_error <= 3.0 && t.on_off >= 90.0 && t.pacing_change < 50, "{t:?}");
+        assert!(t.link_use >= 97.0 && t.share_error <= 3.0 && t.on_off >= 96.0 && t.pacing_change < 50, "{t:?}");
     }
 }
