@@ -22,6 +22,7 @@ use crate::{
     api::{ApiError, ClassStatus, Handler, Reply, Request, Response, Server, SocketError, Status},
     bpf::{BpfError, Datapath},
     config::{
+        diff::describe_changes,
         edit::{self, ClassKey, EditError, NewValue},
         Class, Config, Direction, Isolation,
     },
@@ -917,52 +918,6 @@ fn edit_error(e: &EditError) -> ApiError {
     }
 }
 
-/// What differs between two configurations, one line per change, for the log and the reply.
-fn describe_changes(old: &Config, new: &Config) -> Vec<String> {
-    let mut out = Vec::new();
-    for (o, n) in old.interfaces.iter().zip(&new.interfaces) {
-        if o.rate != n.rate {
-            out.push(format!("interface {}: rate {} -> {}", n.name, o.rate, n.rate));
-        }
-        if o.default_class != n.default_class {
-            out.push(format!("interface {}: default {} -> {}", n.name, o.default_class, n.default_class));
-        }
-        if o.overhead != n.overhead {
-            out.push(format!("interface {}: overhead {} -> {}", n.name, o.overhead, n.overhead));
-        }
-    }
-    for n in &new.classes {
-        let Some(o) = old.class(&n.name) else {
-            out.push(format!("class {}: added (rate {}, ceil {}, prio {})", n.name, n.rate, n.ceil, n.prio));
-            continue;
-        };
-        let mut field = |what: &str, a: String, b: String| {
-            if a != b {
-                out.push(format!("class {}: {what} {a} -> {b}", n.name));
-            }
-        };
-        field("rate", o.rate.to_string(), n.rate.to_string());
-        field("ceil", o.ceil.to_string(), n.ceil.to_string());
-        field("prio", o.prio.to_string(), n.prio.to_string());
-        field("weight", format!("{:?}", o.weight), format!("{:?}", n.weight));
-        field("parent", format!("{:?}", o.parent), format!("{:?}", n.parent));
-        field("horizon", format!("{:?}", o.horizon), format!("{:?}", n.horizon));
-        field("aqm", format!("{:?}", o.aqm), format!("{:?}", n.aqm));
-    }
-    for o in &old.classes {
-        if new.class(&o.name).is_none() {
-            out.push(format!("class {}: removed", o.name));
-        }
-    }
-    if old.rules != new.rules {
-        out.push(format!("rules: {} -> {} rules", old.rules.len(), new.rules.len()));
-    }
-    if old.daemon != new.daemon {
-        out.push("[daemon] settings: changed; they take effect at the next start".to_owned());
-    }
-    out
-}
-
 impl Shared {
     /// Re-reads the configuration file and applies it; the running configuration stays in
     /// force if the file is not valid.
@@ -1024,17 +979,5 @@ mod tests {
         // b removed, d added: a and c keep theirs; d takes neither b's nor anyone's.
         let ids = assign_ids(&config(&["a", "c", "d"]), &[("a", 0), ("b", 1), ("c", 2)]).unwrap();
         assert_eq!(ids, [0, 2, 3]);
-    }
-
-    #[test]
-    fn changes_are_described_one_per_line() {
-        let old = config(&["a", "b"]);
-        let mut new = config(&["a", "c"]);
-        new.classes[0].prio = 3;
-        let changes = describe_changes(&old, &new);
-        assert_eq!(
-            changes,
-            ["class a: prio 0 -> 3", "class c: added (rate 1mbit, ceil 10mbit, prio 0)", "class b: removed"]
-        );
     }
 }

@@ -60,6 +60,7 @@
 //! to the packets leaving its class's interface; a rule with no match field matches every
 //! such packet.
 
+pub mod diff;
 pub mod edit;
 
 use std::collections::{HashMap, HashSet};
