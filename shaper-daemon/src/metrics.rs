@@ -39,7 +39,13 @@
 //! connection, each within [`CONNECTION_TIMEOUT`], so that a slow or stuck client costs the daemon
 //! one permit for a bounded time and nothing else.
 
-use std::{convert::Infallible, fmt, future::Future, sync::Arc, time::Duration};
+use std::{
+    convert::Infallible,
+    fmt::{self, Write as _},
+    future::Future,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use http_body_util::Full;
 use hyper::{
@@ -49,7 +55,10 @@ use hyper::{
 use hyper_util::rt::TokioIo;
 use prometheus_client::{
     collector::Collector,
-    encoding::{text, DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet},
+    encoding::{
+        text, DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder, MetricEncoder,
+        NoLabelSet,
+    },
     metrics::{counter::ConstCounter, gauge::ConstGauge, histogram::Histogram, MetricType, TypedMetric},
     registry::{Registry, Unit},
 };
@@ -112,10 +121,17 @@ pub struct Snapshot {
 }
 
 /// The daemon-level metrics, observed as they happen, and the encoder of a whole scrape.
+///
+/// One registry holds both kinds: the tick histogram, and a collector that encodes the
+/// [`Snapshot`] a scrape hands to [`Metrics::encode`].
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     tick: Histogram,
+    /// The snapshot the collector encodes; written by each scrape before it encodes.
+    snapshot: Arc<Mutex<Snapshot>>,
+    /// Held for a whole scrape, so that concurrent scrapes do not encode each other's snapshot.
+    scrape: Mutex<()>,
 }
 
 impl Default for Metrics {
@@ -125,7 +141,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Registers the daemon-level metrics.
+    /// Registers the daemon-level metrics and the per-class collector.
     #[must_use]
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix(PREFIX);
@@ -136,7 +152,9 @@ impl Metrics {
             Unit::Seconds,
             tick.clone(),
         );
-        Self { registry, tick }
+        let snapshot = Arc::new(Mutex::new(Snapshot::default()));
+        registry.register_collector(Box::new(SnapshotCollector(Arc::clone(&snapshot))));
+        Self { registry, tick, snapshot, scrape: Mutex::new(()) }
     }
 
     /// Records the duration of one allocator tick.
@@ -147,26 +165,24 @@ impl Metrics {
     /// The `OpenMetrics` text of a scrape: the daemon-level metrics and those of `snapshot`,
     /// ending with `# EOF`.
     #[must_use]
-    pub fn encode(&self, snapshot: &Snapshot) -> String {
-        // A collector must be 'static, so the per-scrape registry owns a copy of the snapshot:
-        // a few hundred bytes per class, once per scrape.
-        let mut scrape = Registry::with_prefix(PREFIX);
-        scrape.register_collector(Box::new(SnapshotCollector(snapshot.clone())));
+    pub fn encode(&self, snapshot: Snapshot) -> String {
+        let _scrape = self.scrape.lock().unwrap_or_else(PoisonError::into_inner);
+        *self.snapshot.lock().unwrap_or_else(PoisonError::into_inner) = snapshot;
         let mut out = String::new();
         // Writing into a String cannot fail, and the encoder only fails when its writer does.
-        text::encode_registry(&mut out, &self.registry).expect("encoding into a String");
-        text::encode(&mut out, &scrape).expect("encoding into a String");
+        text::encode(&mut out, &self.registry).expect("encoding into a String");
         out
     }
 }
 
-/// Encodes a [`Snapshot`] as metric families.
+/// Encodes the [`Snapshot`] of the scrape under way as metric families.
 #[derive(Debug)]
-struct SnapshotCollector(Snapshot);
+struct SnapshotCollector(Arc<Mutex<Snapshot>>);
 
 impl Collector for SnapshotCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
-        let classes = &self.0.classes;
+        let snapshot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let classes = &snapshot.classes;
         let leaves: Vec<&ClassSample> = classes.iter().filter(|c| c.leaf).collect();
         let e = &mut encoder;
 
@@ -187,9 +203,9 @@ impl Collector for SnapshotCollector {
                     .iter()
                     .flat_map(|c| {
                         [
-                            (labels_with_reason(c, "horizon"), ConstCounter::new(horizon(c))),
-                            (labels_with_reason(c, "aqm"), ConstCounter::new(aqm(c))),
-                            (labels_with_reason(c, "share"), ConstCounter::new(share(c))),
+                            (labels_with_reason(c, DropReason::Horizon), ConstCounter::new(horizon(c))),
+                            (labels_with_reason(c, DropReason::Aqm), ConstCounter::new(aqm(c))),
+                            (labels_with_reason(c, DropReason::Share), ConstCounter::new(share(c))),
                         ]
                     })
                     .collect::<Vec<_>>()
@@ -250,7 +266,7 @@ impl Collector for SnapshotCollector {
             &gauge(|c| c.pacing_bps),
         )?;
         // Encoded without a label set, which the family encoder would write as `{}`.
-        let generation = ConstGauge::new(self.0.generation);
+        let generation = ConstGauge::new(snapshot.generation);
         generation.encode(e.encode_descriptor(
             "config_generation",
             "Generation of the configuration in force; it grows by one on every reload or change.",
@@ -261,13 +277,47 @@ impl Collector for SnapshotCollector {
 }
 
 /// Labels of a class metric.
-fn labels(c: &ClassSample) -> [(&'static str, &str); 2] {
-    [("interface", &c.interface), ("class", &c.class)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabels {
+    interface: String,
+    class: String,
+}
+
+/// Why the datapath dropped a packet: the `reason` label of the drop counters.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum DropReason {
+    /// Its departure time was beyond the class's horizon.
+    Horizon,
+    /// CoDel dropped it (it was not ECN-capable).
+    Aqm,
+    /// Its host was far over its fair share of the class.
+    Share,
+}
+
+impl EncodeLabelValue for DropReason {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> fmt::Result {
+        encoder.write_str(match self {
+            Self::Horizon => "horizon",
+            Self::Aqm => "aqm",
+            Self::Share => "share",
+        })
+    }
 }
 
 /// Labels of a drop counter.
-fn labels_with_reason<'a>(c: &'a ClassSample, reason: &'static str) -> [(&'static str, &'a str); 3] {
-    [("interface", &c.interface), ("class", &c.class), ("reason", reason)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DropLabels {
+    #[prometheus(flatten)]
+    class: ClassLabels,
+    reason: DropReason,
+}
+
+fn labels(c: &ClassSample) -> ClassLabels {
+    ClassLabels { interface: c.interface.clone(), class: c.class.clone() }
+}
+
+fn labels_with_reason(c: &ClassSample, reason: DropReason) -> DropLabels {
+    DropLabels { class: labels(c), reason }
 }
 
 /// Encodes one metric family from its samples; a family without samples is left out rather than
@@ -411,7 +461,7 @@ where
     };
     let response = match (request.uri().path(), request.method()) {
         ("/metrics", &Method::GET) => {
-            let text = metrics.encode(&snapshot().await);
+            let text = metrics.encode(snapshot().await);
             Response::builder()
                 .header(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)
                 .body(Full::new(Bytes::from(text)))
@@ -505,7 +555,7 @@ mod tests {
     fn encodes_class_metrics_with_labels() {
         let metrics = Metrics::new();
         metrics.observe_tick(Duration::from_micros(300));
-        let text = metrics.encode(&snapshot());
+        let text = metrics.encode(snapshot());
         let leaf = r#"interface="lan0",class="alex""#;
         let inner = r#"interface="lan0",class="home""#;
         let expect = [
@@ -560,7 +610,7 @@ mod tests {
 
     #[test]
     fn delay_histogram_is_cumulative() {
-        let text = Metrics::new().encode(&snapshot());
+        let text = Metrics::new().encode(snapshot());
         // prometheus-client writes `le` first.
         let prefix = r#"shaper_class_added_delay_seconds_bucket{le=""#;
         let labels = r#"",interface="lan0",class="alex"} "#;
@@ -585,7 +635,7 @@ mod tests {
 
     #[test]
     fn no_classes_no_class_families() {
-        let text = Metrics::new().encode(&Snapshot::default());
+        let text = Metrics::new().encode(Snapshot::default());
         assert!(!text.contains("shaper_class_"), "{text}");
         assert_eq!(sample(&text, "shaper_config_generation"), Some("0"));
     }
@@ -594,7 +644,7 @@ mod tests {
     fn label_values_are_escaped() {
         let mut s = snapshot();
         s.classes[0].class = r#"a"b\c"#.into();
-        let text = Metrics::new().encode(&s);
+        let text = Metrics::new().encode(s);
         assert!(text.contains(r#"class="a\"b\\c""#), "{text}");
     }
 
@@ -602,7 +652,7 @@ mod tests {
     fn promtool_finds_nothing_to_lint() {
         let metrics = Metrics::new();
         metrics.observe_tick(Duration::from_millis(2));
-        let text = as_classic_text(&metrics.encode(&snapshot()));
+        let text = as_classic_text(&metrics.encode(snapshot()));
         let mut child = match std::process::Command::new("promtool")
             .args(["check", "metrics"])
             .stdin(Stdio::piped())

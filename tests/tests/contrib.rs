@@ -363,7 +363,7 @@ fn dashboard_charts_exactly_the_exported_metrics() {
 /// leaf class (families without samples are left out of a scrape).
 fn exposition() -> (BTreeSet<String>, BTreeSet<String>) {
     let leaf = ClassSample { interface: "lan0".into(), class: "alex".into(), leaf: true, ..ClassSample::default() };
-    let text = Metrics::new().encode(&Snapshot { generation: 1, classes: vec![leaf] });
+    let text = Metrics::new().encode(Snapshot { generation: 1, classes: vec![leaf] });
     let mut families = BTreeSet::new();
     let mut labels = BTreeSet::new();
     for line in text.lines() {
