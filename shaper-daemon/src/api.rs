@@ -224,14 +224,9 @@ pub enum SocketError {
     },
 }
 
-/// The id of group `name`, if it exists.
+/// The id of group `name`, if it exists (and can be looked up).
 fn group_id(name: &str) -> Option<u32> {
-    let name = std::ffi::CString::new(name).ok()?;
-    // SAFETY: getgrnam(3) with a valid C string; the result is read at once (shaperd looks
-    // groups up from one task only).
-    let group = unsafe { libc::getgrnam(name.as_ptr()) };
-    // SAFETY: a non-null result points to a valid group entry.
-    (!group.is_null()).then(|| unsafe { (*group).gr_gid })
+    nix::unistd::Group::from_name(name).ok().flatten().map(|group| group.gid.as_raw())
 }
 
 /// A bound control socket; the file is removed on drop.

@@ -15,6 +15,11 @@ use aya::{
     util::KernelVersion,
     Ebpf, EbpfError, EbpfLoader,
 };
+use nix::{
+    errno::Errno,
+    mount::{mount, MsFlags},
+    sys::statfs::{statfs, FsType, BPF_FS_MAGIC},
+};
 use shaper_common::{
     maps, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple, MAP_LAYOUT_VERSION,
     MAX_CLASSES, MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS, PROGRAM_NAME,
@@ -85,9 +90,6 @@ fn pin_err<E: std::error::Error + Send + Sync + 'static>(
 /// program in place: no packet leaves unshaped, and no second filter is added.
 pub const FILTER_PRIORITY: u16 = 1;
 pub const FILTER_HANDLE: u32 = 0x5A1F;
-
-/// `BPF_FS_MAGIC` from `linux/magic.h`.
-const BPF_FS_MAGIC: i64 = 0xCAFE_4A11;
 
 fn map_err(name: &'static str, action: impl Into<String>) -> impl FnOnce(MapError) -> BpfError {
     let action = action.into();
@@ -256,7 +258,7 @@ impl Datapath {
             AttachMode::Clsact => {
                 match tc::qdisc_add_clsact(iface) {
                     Ok(()) => self.added_clsact.push(iface.to_owned()),
-                    Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
+                    Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(Errno::EEXIST as i32) => {}
                     Err(source) => return Err(BpfError::Clsact { iface: iface.to_owned(), source }),
                 }
                 let handle = TcHandle::from(FILTER_HANDLE);
@@ -539,19 +541,17 @@ fn ensure_bpffs(root: &Path) -> Result<(), BpfError> {
     }
     let sys_fs_bpf = Path::new("/sys/fs/bpf");
     if root.starts_with(sys_fs_bpf) && existing == sys_fs_bpf {
-        // SAFETY: mount(2) with valid NUL-terminated strings.
-        let rc = unsafe {
-            libc::mount(c"bpf".as_ptr(), c"/sys/fs/bpf".as_ptr(), c"bpf".as_ptr(), 0, c"mode=0700".as_ptr().cast())
+        return match mount(Some("bpf"), sys_fs_bpf, Some("bpf"), MsFlags::empty(), Some("mode=0700")) {
+            Ok(()) => {
+                tracing::info!("mounted bpffs at /sys/fs/bpf");
+                Ok(())
+            }
+            Err(errno) => Err(BpfError::Pin {
+                path: sys_fs_bpf.to_owned(),
+                action: "mounting bpffs (mount -t bpf bpf /sys/fs/bpf)",
+                source: Box::new(std::io::Error::from(errno)),
+            }),
         };
-        if rc == 0 {
-            tracing::info!("mounted bpffs at /sys/fs/bpf");
-            return Ok(());
-        }
-        return Err(BpfError::Pin {
-            path: sys_fs_bpf.to_owned(),
-            action: "mounting bpffs (mount -t bpf bpf /sys/fs/bpf)",
-            source: Box::new(std::io::Error::last_os_error()),
-        });
     }
     Err(BpfError::Pin {
         path: root.to_owned(),
@@ -561,13 +561,6 @@ fn ensure_bpffs(root: &Path) -> Result<(), BpfError> {
 }
 
 /// The filesystem type (`f_type`) of the mount `path` is on.
-fn fs_type(path: &Path) -> Option<i64> {
-    use std::os::unix::ffi::OsStrExt as _;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    // SAFETY: a zeroed statfs is a valid out-parameter.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid path and out-pointer.
-    let rc = unsafe { libc::statfs(c.as_ptr(), &raw mut st) };
-    #[allow(clippy::useless_conversion, reason = "f_type is i64 on x86_64, other widths elsewhere")]
-    (rc == 0).then(|| i64::from(st.f_type))
+fn fs_type(path: &Path) -> Option<FsType> {
+    statfs(path).ok().map(|st| st.filesystem_type())
 }

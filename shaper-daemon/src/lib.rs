@@ -10,11 +10,17 @@
 //! - [`pacing`]: from allocations to the rates the datapath paces at (handing the link on,
 //!   wake rates);
 //! - [`qdisc`]: the `fq` root qdisc that enforces departure times (netlink);
+//! - [`netdev`]: interfaces as the kernel knows them (index, link-layer type);
 //! - [`api`]: the control protocol between `shaperctl` and `shaperd`;
 //! - [`metrics`]: the Prometheus exposition served at `/metrics`;
-//! - [`daemon`]: wiring, signals and shutdown;
+//! - [`daemon`]: wiring, signals and shutdown (setup and undo, the control loop, request
+//!   handling);
 //! - `model`, `tuning` (tests, and the `model` feature): a deterministic model of the whole
 //!   rate path, and the sweep of the control loop's tick and headroom run on it.
+//!
+//! The crate has no `unsafe`: system calls go through `nix`, netlink through `rtnetlink`.
+
+#![deny(unsafe_code)]
 
 pub mod api;
 pub mod bpf;
@@ -24,6 +30,7 @@ pub mod demand;
 pub mod metrics;
 #[cfg(any(test, feature = "model"))]
 pub mod model;
+pub mod netdev;
 pub mod pacing;
 pub mod qdisc;
 pub mod rate;

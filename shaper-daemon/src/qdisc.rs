@@ -32,6 +32,7 @@ use netlink_packet_route::{
     tc::{TcAttribute, TcHandle, TcMessage, TcOption},
     RouteNetlinkMessage,
 };
+use nix::errno::Errno;
 use rtnetlink::{
     packet_core::{
         DefaultNla, ErrorMessage, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REPLACE,
@@ -41,6 +42,8 @@ use rtnetlink::{
     Handle,
 };
 use tracing::{debug, info, warn};
+
+use crate::netdev;
 
 /// Packet limits of the `fq` qdisc shaper installs (`limit` and `flow_limit` in tc's words).
 ///
@@ -251,7 +254,7 @@ impl KernelError {
         Self { message, source }
     }
 
-    /// The errno the kernel returned (positive, e.g. `libc::ENOENT`), if it returned one.
+    /// The errno the kernel returned (positive, e.g. `ENOENT`), if it returned one.
     #[must_use]
     pub fn errno(&self) -> Option<i32> {
         match &self.source {
@@ -428,27 +431,18 @@ impl Rtnl {
         Ok(())
     }
 
-    /// The index of the interface named `ifname`.
+    /// The index of the interface named `ifname` (see [`netdev::find_index`]).
     async fn ifindex(&self, ifname: &str) -> Result<u32, QdiscError> {
-        let mut links = self.handle.link().get().match_name(ifname.to_owned()).execute();
-        match links.next().await {
-            Some(Ok(link)) => Ok(link.header.index),
-            None => Err(QdiscError::NoSuchInterface { ifname: ifname.to_owned() }),
-            Some(Err(source)) => Err(link_error(ifname, source)),
+        match netdev::find_index(&self.handle, ifname).await {
+            Ok(Some(index)) => Ok(index),
+            Ok(None) => Err(QdiscError::NoSuchInterface { ifname: ifname.to_owned() }),
+            Err(source) => Err(link_error(ifname, source)),
         }
     }
 
-    /// Whether interface `ifindex` still exists.
+    /// Whether interface `ifindex` still exists (see [`netdev::exists`]).
     async fn link_exists(&self, ifname: &str, ifindex: u32) -> Result<bool, QdiscError> {
-        let mut links = self.handle.link().get().match_index(ifindex).execute();
-        match links.next().await {
-            Some(Ok(_)) => Ok(true),
-            None => Ok(false),
-            Some(Err(source)) => match link_error(ifname, source) {
-                QdiscError::NoSuchInterface { .. } => Ok(false),
-                e => Err(e),
-            },
-        }
+        netdev::exists(&self.handle, ifindex).await.map_err(|source| link_error(ifname, source))
     }
 
     /// The root qdisc of interface `ifindex`.
@@ -473,7 +467,7 @@ impl Rtnl {
                 _ => {}
             }
         }
-        debug!(ifname, ?entries, "qdiscs");
+        debug!(interface = %ifname, ?entries, "qdiscs");
         Ok(classify(&entries))
     }
 
@@ -527,22 +521,17 @@ pub async fn delete_clsact(ifname: &str) -> Result<(), QdiscError> {
     message.header.handle = CLSACT_HANDLE.into();
     match rtnl.acked(RouteNetlinkMessage::DelQueueDiscipline(message), 0).await {
         Ok(()) => {
-            info!(ifname, "removed the clsact qdisc shaper had added");
+            info!(interface = %ifname, "removed the clsact qdisc shaper had added");
             Ok(())
         }
-        Err(source) if matches!(source.errno(), Some(libc::ENOENT | libc::EINVAL)) => Ok(()),
+        Err(source) if matches!(source.errno().map(Errno::from_raw), Some(Errno::ENOENT | Errno::EINVAL)) => Ok(()),
         Err(source) => Err(QdiscError::Delete { ifname: ifname.to_owned(), source }),
     }
 }
 
-/// Maps a failed link lookup, telling a missing interface apart.
+/// Maps a failed link lookup (a missing interface is not a failure: see [`netdev`]).
 fn link_error(ifname: &str, source: rtnetlink::Error) -> QdiscError {
-    let source = KernelError::new(source);
-    if source.errno() == Some(libc::ENODEV) {
-        QdiscError::NoSuchInterface { ifname: ifname.to_owned() }
-    } else {
-        QdiscError::Link { ifname: ifname.to_owned(), source }
-    }
+    QdiscError::Link { ifname: ifname.to_owned(), source: KernelError::new(source) }
 }
 
 /// Whether a refused `RTM_NEWQDISC` means that the kernel does not know the qdisc kind.
@@ -550,7 +539,7 @@ fn link_error(ifname: &str, source: rtnetlink::Error) -> QdiscError {
 /// Linux answers `ENOENT` ("Specified qdisc kind is unknown") once it has failed to find or
 /// autoload the module; `EOPNOTSUPP` is accepted too, for kernels that word it that way.
 fn means_unknown_kind(error: &KernelError) -> bool {
-    matches!(error.errno(), Some(libc::ENOENT | libc::EOPNOTSUPP))
+    matches!(error.errno().map(Errno::from_raw), Some(Errno::ENOENT | Errno::EOPNOTSUPP))
 }
 
 /// An interface index as `struct tcmsg` holds it.
@@ -580,11 +569,11 @@ pub async fn ensure_fq(ifname: &str, replace_other: bool, limits: FqLimits) -> R
     let root = rtnl.root(ifname, ifindex).await?;
     let action = match decide(&root, replace_other) {
         Decision::Keep => {
-            info!(ifname, %root, "root qdisc already enforces departure times; keeping it");
+            info!(interface = %ifname, %root, "root qdisc already enforces departure times; keeping it");
             return Ok(FqGuard { ifname: ifname.to_owned(), ifindex, action: Restore::Nothing, fq_handle: 0 });
         }
         Decision::Adopt => {
-            info!(ifname, "taking over the fq an earlier shaperd installed; it is removed on stop");
+            info!(interface = %ifname, "taking over the fq an earlier shaperd installed; it is removed on stop");
             return Ok(FqGuard {
                 ifname: ifname.to_owned(),
                 ifindex,
@@ -602,14 +591,14 @@ pub async fn ensure_fq(ifname: &str, replace_other: bool, limits: FqLimits) -> R
     };
     if let Restore::Replaced { .. } = action {
         warn!(
-            ifname,
+            interface = %ifname,
             replaced = %root,
             fq = %HandleDisplay(fq_handle),
             "replaced the admin's root qdisc with fq (replace_qdisc = true); it will not be \
              rebuilt on shutdown"
         );
     } else {
-        info!(ifname, replaced = %root, fq = %HandleDisplay(fq_handle), "installed fq as root qdisc");
+        info!(interface = %ifname, replaced = %root, fq = %HandleDisplay(fq_handle), "installed fq as root qdisc");
     }
     Ok(FqGuard { ifname: ifname.to_owned(), ifindex, action, fq_handle })
 }
@@ -624,19 +613,19 @@ impl FqGuard {
     pub async fn restore(self) -> Result<(), QdiscError> {
         let Self { ifname, ifindex, action, fq_handle } = self;
         if action == Restore::Nothing {
-            debug!(ifname, "root qdisc was fq before shaper: leaving it");
+            debug!(interface = %ifname, "root qdisc was fq before shaper: leaving it");
             return Ok(());
         }
         let rtnl = Rtnl::open(&ifname)?;
         if !rtnl.link_exists(&ifname, ifindex).await? {
-            info!(ifname, ifindex, "interface is gone, and its qdiscs with it");
+            info!(interface = %ifname, ifindex, "interface is gone, and its qdiscs with it");
             return Ok(());
         }
         match rtnl.root(&ifname, ifindex).await? {
             RootQdisc::Fq { handle } if handle == fq_handle => {}
             now => {
                 warn!(
-                    ifname,
+                    interface = %ifname,
                     %now,
                     "root qdisc is no longer the fq shaper installed; leaving it alone"
                 );
@@ -646,13 +635,13 @@ impl FqGuard {
         rtnl.delete_root(&ifname, ifindex, fq_handle).await?;
         if let Restore::Replaced { kind } = action {
             warn!(
-                ifname,
+                interface = %ifname,
                 "removed shaper's fq; the `{kind}` root qdisc it had replaced (replace_qdisc = \
                  true) was NOT restored, with its classes and filters: the kernel's default \
                  qdisc is in place until that setup is applied again"
             );
         } else {
-            info!(ifname, "removed shaper's fq; the kernel's default root qdisc is back");
+            info!(interface = %ifname, "removed shaper's fq; the kernel's default root qdisc is back");
         }
         Ok(())
     }
@@ -793,16 +782,16 @@ mod tests {
     #[test]
     fn kernel_error_carries_errno_and_extack_text() {
         let e = KernelError::new(rtnetlink::Error::NetlinkError(nack(
-            libc::ENOENT,
+            Errno::ENOENT as i32,
             Some("Specified qdisc kind is unknown"),
         )));
-        assert_eq!(e.errno(), Some(libc::ENOENT));
+        assert_eq!(e.errno(), Some(Errno::ENOENT as i32));
         assert_eq!(e.message(), Some("Specified qdisc kind is unknown"));
         assert!(means_unknown_kind(&e));
         assert_eq!(e.to_string(), "the kernel said: Specified qdisc kind is unknown");
 
-        let e = KernelError::new(rtnetlink::Error::NetlinkError(nack(libc::EPERM, None)));
-        assert_eq!(e.errno(), Some(libc::EPERM));
+        let e = KernelError::new(rtnetlink::Error::NetlinkError(nack(Errno::EPERM as i32, None)));
+        assert_eq!(e.errno(), Some(Errno::EPERM as i32));
         assert_eq!(e.message(), None);
         assert!(!means_unknown_kind(&e));
         assert_eq!(KernelError::new(rtnetlink::Error::RequestFailed).errno(), None);
@@ -814,7 +803,7 @@ mod tests {
         // with NETLINK_CAP_ACK + NETLINK_EXT_ACK: the request's header (flags 0x505 include
         // NLM_F_CREATE|NLM_F_REPLACE), then NLMSGERR_ATTR_MSG.
         let mut e = ErrorMessage::default();
-        e.code = std::num::NonZeroI32::new(-libc::ENOENT);
+        e.code = std::num::NonZeroI32::new(-(Errno::ENOENT as i32));
         e.header = vec![
             44, 0, 0, 0, 36, 0, 5, 5, 3, 0, 0, 0, 0, 0, 0, 0, 36, 0, 1, 0, 83, 112, 101, 99, 105, 102, 105, 101, 100,
             32, 113, 100, 105, 115, 99, 32, 107, 105, 110, 100, 32, 105, 115, 32, 117, 110, 107, 110, 111, 119, 110, 0,
@@ -826,7 +815,7 @@ mod tests {
 
     #[test]
     fn truncated_extack_is_ignored() {
-        let mut e = nack(libc::ENOENT, Some("text"));
+        let mut e = nack(Errno::ENOENT as i32, Some("text"));
         e.header.truncate(NLMSG_HDRLEN + 6);
         assert_eq!(extack_message(&e), None);
         e.header.truncate(3);
@@ -841,7 +830,7 @@ mod tests {
 
         let unavailable = QdiscError::FqUnavailable {
             ifname: "eth0".into(),
-            source: KernelError::new(rtnetlink::Error::NetlinkError(nack(libc::ENOENT, None))),
+            source: KernelError::new(rtnetlink::Error::NetlinkError(nack(Errno::ENOENT as i32, None))),
         };
         let text = unavailable.to_string();
         for needle in ["eth0", "sch_fq", "CONFIG_NET_SCH_FQ", "modprobe sch_fq", "refuses"] {

@@ -10,7 +10,7 @@
 //! [`Compiled::lookup`] runs the same algorithm as the datapath, so unit tests can check it
 //! against a plain linear scan ([`first_match`]).
 
-use std::{collections::HashMap, net::IpAddr};
+use std::{collections::HashMap, mem::offset_of, net::IpAddr};
 
 use ipnet::IpNet;
 use shaper_common::{RuleKey, RuleTarget, Tuple, MAX_RULE_ENTRIES, MAX_TUPLES, RULE_KEY_WORDS};
@@ -149,15 +149,56 @@ fn family(net: &IpNet) -> u8 {
     }
 }
 
+// `words` and `from_words` lay the fields out where `#[repr(C)]` puts them, with nothing in
+// between: the datapath masks the key's memory as these words.
+const _: () = {
+    assert!(offset_of!(RuleKey, tuple) == 0 && offset_of!(RuleKey, iface) == 2);
+    assert!(offset_of!(RuleKey, family) == 4 && offset_of!(RuleKey, proto) == 5);
+    assert!(offset_of!(RuleKey, dscp) == 6 && offset_of!(RuleKey, _pad) == 7);
+    assert!(offset_of!(RuleKey, mark) == 8 && offset_of!(RuleKey, sport) == 12);
+    assert!(offset_of!(RuleKey, dport) == 14 && offset_of!(RuleKey, src) == 16);
+    assert!(offset_of!(RuleKey, dst) == 32 && size_of::<RuleKey>() == RULE_KEY_WORDS * 8);
+};
+
+/// The key's memory as the datapath sees it (its fields in `#[repr(C)]` order, native byte
+/// order), as 64-bit words: the unit in which tuple masks are applied.
 fn words(key: &RuleKey) -> [u64; RULE_KEY_WORDS] {
-    // SAFETY: RuleKey is repr(C), made of integers, exactly RULE_KEY_WORDS * 8 bytes
-    // (asserted in shaper-common); read_unaligned copes with its smaller alignment.
-    unsafe { std::ptr::read_unaligned(std::ptr::from_ref(key).cast()) }
+    let mut bytes = [0u8; RULE_KEY_WORDS * 8];
+    bytes[0..2].copy_from_slice(&key.tuple.to_ne_bytes());
+    bytes[2..4].copy_from_slice(&key.iface.to_ne_bytes());
+    bytes[4..8].copy_from_slice(&[key.family, key.proto, key.dscp, key._pad]);
+    bytes[8..12].copy_from_slice(&key.mark.to_ne_bytes());
+    bytes[12..14].copy_from_slice(&key.sport.to_ne_bytes());
+    bytes[14..16].copy_from_slice(&key.dport.to_ne_bytes());
+    bytes[16..32].copy_from_slice(&key.src);
+    bytes[32..48].copy_from_slice(&key.dst);
+    let mut words = [0u64; RULE_KEY_WORDS];
+    for (word, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+        *word = u64::from_ne_bytes(chunk.try_into().expect("8 bytes"));
+    }
+    words
 }
 
+/// The key whose memory is `w`: the inverse of [`words`].
 fn from_words(w: &[u64; RULE_KEY_WORDS]) -> RuleKey {
-    // SAFETY: as in `words`; every bit pattern is a valid RuleKey.
-    unsafe { std::ptr::read_unaligned(w.as_ptr().cast()) }
+    let mut bytes = [0u8; RULE_KEY_WORDS * 8];
+    for (chunk, word) in bytes.chunks_exact_mut(8).zip(w) {
+        chunk.copy_from_slice(&word.to_ne_bytes());
+    }
+    let field = |range: std::ops::Range<usize>| &bytes[range];
+    RuleKey {
+        tuple: u16::from_ne_bytes(field(0..2).try_into().expect("2 bytes")),
+        iface: u16::from_ne_bytes(field(2..4).try_into().expect("2 bytes")),
+        family: bytes[4],
+        proto: bytes[5],
+        dscp: bytes[6],
+        _pad: bytes[7],
+        mark: u32::from_ne_bytes(field(8..12).try_into().expect("4 bytes")),
+        sport: u16::from_ne_bytes(field(12..14).try_into().expect("2 bytes")),
+        dport: u16::from_ne_bytes(field(14..16).try_into().expect("2 bytes")),
+        src: field(16..32).try_into().expect("16 bytes"),
+        dst: field(32..48).try_into().expect("16 bytes"),
+    }
 }
 
 /// Compiles rules into the datapath's tables.

@@ -1,5 +1,7 @@
 //! shaperctl: runtime control of shaperd over its Unix socket.
 
+#![deny(unsafe_code)]
+
 use std::{
     io::Write as _,
     path::{Path, PathBuf},

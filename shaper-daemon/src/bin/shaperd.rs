@@ -1,5 +1,7 @@
 //! shaperd: loads the shaper datapath onto the configured interfaces and serves `shaperctl`.
 
+#![deny(unsafe_code)]
+
 use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;

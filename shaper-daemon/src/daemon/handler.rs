@@ -1,0 +1,162 @@
+//! Where a `shaperctl` request is handled: `status`, the runtime changes of a class's rate,
+//! ceil or priority (written into the configuration file, then applied), and reloads.
+
+use shaper_common::{ClassConfig, MAX_CLASSES};
+use tracing::{info, instrument};
+
+use super::{
+    handover::Handover,
+    ids::{assign_ids, rule_specs},
+    setup::set_ifaces,
+    state::{class_config, trees, ClassEntry, State},
+    Shared,
+};
+use crate::{
+    api::{ApiError, Handler, Reply, Request, Response},
+    bpf::BpfError,
+    config::{
+        diff::describe_changes,
+        edit::{self, ClassKey, EditError, NewValue},
+        Config,
+    },
+    rules, ErrorChain,
+};
+
+impl Handler for Shared {
+    #[instrument(skip(self))]
+    async fn handle(&self, request: Request) -> Reply {
+        let mut state = self.state.lock().await;
+        match request {
+            Request::Status {} => state.status().map(Response::Status),
+            Request::SetRate { class, rate } => {
+                state.set_class_key(&class, ClassKey::Rate, &NewValue::Rate(rate.to_string()))
+            }
+            Request::SetCeil { class, ceil } => {
+                state.set_class_key(&class, ClassKey::Ceil, &NewValue::Rate(ceil.to_string()))
+            }
+            Request::SetPrio { class, prio } => state.set_class_key(&class, ClassKey::Prio, &NewValue::Prio(prio)),
+            Request::Reload {} => {
+                drop(state);
+                self.reload().await
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Re-reads the configuration file and applies it; the running configuration stays in
+    /// force if the file is not valid.
+    pub(super) async fn reload(&self) -> Result<Response, ApiError> {
+        let mut state = self.state.lock().await;
+        let path = state.config.path.clone();
+        let new =
+            Config::load(&path).map_err(|e| ApiError::InvalidConfig { message: format!("{}", ErrorChain(&e)) })?;
+        let changes = state.apply(new)?;
+        info!(generation = state.generation, changes = changes.len(), config = %path.display(), "reloaded");
+        Ok(Response::Changed { generation: state.generation, changes })
+    }
+}
+
+impl State {
+    /// Changes one key of a class: in the configuration's text, validated as a whole file,
+    /// then applied.
+    fn set_class_key(&mut self, class: &str, key: ClassKey, value: &NewValue) -> Result<Response, ApiError> {
+        let (_, config) =
+            edit::set_class_key(&self.config.text, &self.config.path, class, key, value).map_err(|e| edit_error(&e))?;
+        let changes = self.apply(config)?;
+        Ok(Response::Changed { generation: self.generation, changes })
+    }
+
+    /// Makes `new` the running configuration: stable class ids, class parameters, interface
+    /// defaults, then the rules in one switch (see [`Datapath::load_rules`]), then the
+    /// allocation at once. Nothing is changed when the new configuration cannot be applied.
+    ///
+    /// [`Datapath::load_rules`]: crate::bpf::Datapath::load_rules
+    fn apply(&mut self, new: Config) -> Result<Vec<String>, ApiError> {
+        let invalid = |message: String| ApiError::InvalidConfig { message };
+        let internal = |e: BpfError| ApiError::Internal { message: format!("{e}") };
+        let old_ifaces: Vec<&str> = self.config.interfaces.iter().map(|i| i.name.as_str()).collect();
+        let new_ifaces: Vec<&str> = new.interfaces.iter().map(|i| i.name.as_str()).collect();
+        if old_ifaces != new_ifaces {
+            return Err(invalid(format!(
+                "{}: the interfaces would change from [{}] to [{}]; shaperd sets up interfaces when it \
+                 starts: restart it to apply this",
+                new.path.display(),
+                old_ifaces.join(", "),
+                new_ifaces.join(", ")
+            )));
+        }
+        let previous: Vec<(&str, u32)> =
+            self.config.classes.iter().zip(&self.classes).map(|(c, e)| (c.name.as_str(), e.id)).collect();
+        let ids = assign_ids(&new, &previous).ok_or_else(|| {
+            invalid(format!("{}: more than {MAX_CLASSES} classes old and new together", new.path.display()))
+        })?;
+        // A change of rates or priorities leaves the rules as they are: they are compiled and
+        // switched only when they (or the class ids they resolve to) change.
+        let specs = rule_specs(&new, &ids);
+        let old_ids: Vec<u32> = self.classes.iter().map(|e| e.id).collect();
+        let compiled = if specs == rule_specs(&self.config, &old_ids) {
+            None
+        } else {
+            Some(rules::compile(&specs).map_err(|e| invalid(format!("{}: {e}", new.path.display())))?)
+        };
+
+        let mut entries = Vec::with_capacity(new.classes.len());
+        for (class, &id) in new.classes.iter().zip(&ids) {
+            let leaf = new.is_leaf(&class.name);
+            let kept = self.config.classes.iter().position(|c| c.name == class.name).map(|p| &self.classes[p]);
+            let entry = match kept {
+                Some(e) if e.leaf == leaf => e.carried_over(class.rate),
+                _ => ClassEntry::new(id, leaf, class.rate),
+            };
+            if leaf {
+                self.datapath
+                    .set_class(id, class_config(class, entry.current, entry.share, entry.quiet))
+                    .map_err(internal)?;
+            }
+            entries.push(entry);
+        }
+        set_ifaces(&mut self.datapath, &new, &self.ifindexes, &ids).map_err(internal)?;
+        if let Some(compiled) = &compiled {
+            self.datapath.load_rules(compiled).map_err(internal)?;
+        }
+        // Classes that no longer carry traffic: unpaced and zeroed, so that a class that takes
+        // the id later starts from nothing.
+        for (class, entry) in self.config.classes.iter().zip(&self.classes) {
+            let gone = new.class(&class.name).is_none();
+            if gone || entry.leaf && !new.is_leaf(&class.name) {
+                self.datapath.set_class(entry.id, ClassConfig::default()).map_err(internal)?;
+            }
+            if gone {
+                self.datapath.reset_class(entry.id).map_err(internal)?;
+            }
+        }
+        let changes = describe_changes(&self.config, &new);
+        if let Some(path) = self.options.handover_file() {
+            Handover::write(&path, &new, &ids, &self.datapath);
+        }
+        self.config = new;
+        self.classes = entries;
+        self.trees = trees(&self.config);
+        self.generation += 1;
+        self.control_tick().map_err(internal)?;
+        for change in &changes {
+            info!(generation = self.generation, %change, "applied");
+        }
+        Ok(changes)
+    }
+}
+
+/// The API error for a runtime change that the configuration refuses.
+fn edit_error(e: &EditError) -> ApiError {
+    let message = format!("{}", ErrorChain(e));
+    match e {
+        EditError::UnknownClass { .. } => ApiError::UnknownClass { message },
+        EditError::Invalid { source, .. }
+            if source.key().and_then(|k| k.rsplit('.').next()).is_some_and(|k| k == "rate" || k == "ceil") =>
+        {
+            ApiError::InvalidRate { message }
+        }
+        _ => ApiError::InvalidConfig { message },
+    }
+}

@@ -1,0 +1,74 @@
+//! Datapath ids: which slot of the datapath's class arrays each class of a configuration
+//! takes, and its rules with names resolved to those ids.
+
+use std::collections::HashSet;
+
+use shaper_common::MAX_CLASSES;
+
+use crate::{config::Config, rules::RuleSpec};
+
+/// The rules of `config` with class and interface names resolved to ids; `ids[n]` is the
+/// datapath id of `config.classes[n]`.
+#[must_use]
+pub fn rule_specs(config: &Config, ids: &[u32]) -> Vec<RuleSpec> {
+    let position = |name: &str| config.classes.iter().position(|c| c.name == name).expect("validated");
+    let slot = |iface: &str| config.interfaces.iter().position(|i| i.name == iface).expect("validated");
+    config
+        .rules
+        .iter()
+        .map(|r| {
+            let class = position(&r.class);
+            RuleSpec {
+                index: u32::try_from(r.index).expect("fewer rules than u32::MAX"),
+                line: r.line,
+                class: ids[class],
+                iface_slot: u16::try_from(slot(&config.classes[class].interface)).expect("at most MAX_INTERFACES"),
+                src: r.src,
+                dst: r.dst,
+                proto: r.proto,
+                sport: r.sport.map(|p| (p.start, p.end)),
+                dport: r.dport.map(|p| (p.start, p.end)),
+                mark: r.mark,
+                dscp: r.dscp,
+            }
+        })
+        .collect()
+}
+
+/// Datapath ids for the classes of `config`: a class that `previous` (name, id) already has
+/// keeps its id, so its counters and pacing clock carry on; a new class takes the lowest id
+/// that no class of either configuration uses, so no packet of a removed class is counted
+/// for it while the rules switch over.
+pub(super) fn assign_ids(config: &Config, previous: &[(&str, u32)]) -> Option<Vec<u32>> {
+    let taken: HashSet<u32> = previous.iter().map(|&(_, id)| id).collect();
+    let mut free = (0..MAX_CLASSES).filter(|id| !taken.contains(id));
+    config
+        .classes
+        .iter()
+        .map(|c| previous.iter().find(|(name, _)| *name == c.name).map(|&(_, id)| id).or_else(|| free.next()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn config(classes: &[&str]) -> Config {
+        let text: String = classes
+            .iter()
+            .map(|c| format!("[[class]]\nname = \"{c}\"\nrate = \"1mbit\"\n"))
+            .fold(String::from("[[interface]]\nname = \"lan0\"\nrate = \"10mbit\"\ndefault = \"a\"\n"), |t, c| t + &c);
+        Config::parse(&text, Path::new("t.toml")).unwrap()
+    }
+
+    #[test]
+    fn class_ids_are_kept_by_name_and_new_ones_never_reuse_an_old_id() {
+        let ids = assign_ids(&config(&["a", "b", "c"]), &[]).unwrap();
+        assert_eq!(ids, [0, 1, 2]);
+        // b removed, d added: a and c keep theirs; d takes neither b's nor anyone's.
+        let ids = assign_ids(&config(&["a", "c", "d"]), &[("a", 0), ("b", 1), ("c", 2)]).unwrap();
+        assert_eq!(ids, [0, 2, 3]);
+    }
+}

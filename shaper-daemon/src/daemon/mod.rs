@@ -1,0 +1,245 @@
+//! shaperd's wiring: from a validated configuration to a shaping datapath, the control
+//! socket, and a clean shutdown that gives every interface back what it had.
+//!
+//! [`run`] takes the daemon's signals from a channel, so tests drive the daemon the same way
+//! the binary does with SIGTERM. The parts, one file each:
+//! - `setup`: putting shaping in place (`fq`, classes, rules, attachments, sockets), and the
+//!   value that takes it away again on shutdown;
+//! - `state`: what the daemon tracks per class, and the control loop that sets the rates;
+//! - `handler`: the `shaperctl` requests, reloads and runtime changes;
+//! - `ids`: which datapath id each class takes, and the rules resolved to those ids;
+//! - `handover`: what a shaperd leaves beside its socket for the next one (upgrades).
+
+mod handler;
+mod handover;
+mod ids;
+mod setup;
+mod state;
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use tokio::sync::{watch, Mutex};
+use tracing::{error, info, warn};
+
+pub use self::ids::rule_specs;
+/// For the model of the rate path, which sets CoDel up as the daemon does.
+#[cfg(any(test, feature = "model"))]
+pub(crate) use self::state::codel_params;
+use self::{
+    ids::assign_ids,
+    setup::{Installed, Started},
+    state::{control_loop, monotonic_ns, trees, State},
+};
+use crate::{
+    api::SocketError,
+    bpf::{BpfError, Datapath},
+    config::Config,
+    metrics::{self, Metrics},
+    netdev,
+    qdisc::QdiscError,
+    rules::{self, CompileError},
+};
+
+/// Why the daemon could not start (or stop cleanly).
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// An interface of the configuration does not exist.
+    #[error("interface {name} (in {path}): not found in this network namespace")]
+    NoInterface { name: String, path: PathBuf },
+    /// The rules do not fit in the datapath's tables.
+    #[error("compiling the rules of {path}")]
+    Rules {
+        path: PathBuf,
+        #[source]
+        source: CompileError,
+    },
+    /// The `fq` root qdisc could not be put in place.
+    #[error(transparent)]
+    Qdisc(#[from] QdiscError),
+    /// The datapath could not be loaded, attached or written.
+    #[error(transparent)]
+    Bpf(#[from] BpfError),
+    /// The control socket could not be bound.
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    /// The Prometheus listener could not be bound.
+    #[error("listening for Prometheus on {addr} (daemon.metrics_listen)")]
+    Metrics {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the daemon is asked to do while it runs (the binary maps signals onto these).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signal {
+    /// Re-read the configuration file (SIGHUP).
+    Reload,
+    /// Detach, restore every interface and exit (SIGTERM, SIGINT).
+    Stop,
+    /// Exit and leave the datapath shaping at its last rates, pinned, for the next shaperd to
+    /// take over (SIGUSR2; an upgrade).
+    Handover,
+}
+
+/// Where the daemon listens and keeps its state.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The control socket.
+    pub socket: PathBuf,
+    /// Where the maps (and TCX links) are pinned, so that shaping outlives the process and a
+    /// later shaperd takes it over; `None` keeps everything to this process.
+    pub pin_dir: Option<PathBuf>,
+}
+
+impl Options {
+    /// What the next shaperd needs to take the pinned maps over (the handover file), kept
+    /// beside the socket; none when nothing is pinned.
+    fn handover_file(&self) -> Option<PathBuf> {
+        self.pin_dir.as_ref().map(|_| self.socket.with_file_name("shaperd.handover.json"))
+    }
+}
+
+/// How [`run`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// Everything was detached and restored.
+    Stopped,
+    /// The datapath was left shaping for the next shaperd ([`Signal::Handover`]).
+    HandedOver,
+}
+
+/// What the control loop, the request handler and the metrics exporter share.
+struct Shared {
+    state: Mutex<State>,
+    metrics: Arc<Metrics>,
+}
+
+/// Runs the daemon until a [`Signal::Stop`] arrives (or `signals` closes), then detaches and
+/// restores every interface; or until [`Signal::Handover`], leaving shaping in place. `ready`
+/// is called once shaping is in place and the control socket listens (the binary tells
+/// systemd).
+///
+/// Everything that can be checked without touching the kernel is checked first; if a later
+/// step fails, what was already changed is undone before the error is returned.
+pub async fn run(
+    config: Config,
+    options: Options,
+    mut signals: tokio::sync::mpsc::Receiver<Signal>,
+    ready: impl FnOnce(),
+) -> Result<Exit, DaemonError> {
+    let mut ifindexes = Vec::new();
+    for iface in &config.interfaces {
+        let index = netdev::index(&iface.name)
+            .ok_or_else(|| DaemonError::NoInterface { name: iface.name.clone(), path: config.path.clone() })?;
+        ifindexes.push(index);
+    }
+    // Compiled before the kernel is touched, so that rules it cannot hold are refused first.
+    let fresh_ids = assign_ids(&config, &[]).expect("validated: at most MAX_CLASSES classes");
+    let compiled = rules::compile(&rule_specs(&config, &fresh_ids))
+        .map_err(|source| DaemonError::Rules { path: config.path.clone(), source })?;
+    let (mut datapath, adopted) = match &options.pin_dir {
+        Some(root) => Datapath::load_pinned(root)?,
+        None => (Datapath::load()?, false),
+    };
+    if adopted {
+        info!(pins = %options.pin_dir.as_deref().unwrap_or(Path::new("")).display(), "taking over the maps an earlier shaperd left");
+    }
+    let fresh = (fresh_ids, compiled);
+    let (installed, Started { classes, server, metrics_listener }) =
+        Installed::setup(&config, &options, &mut datapath, adopted, &ifindexes, fresh).await?;
+    info!(config = %config.path.display(), socket = %options.socket.display(), classes = classes.len(), rules = config.rules.len(), "shaping");
+    ready();
+
+    let tick = config.daemon.tick;
+    let trees = trees(&config);
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State {
+            config,
+            classes,
+            trees,
+            datapath,
+            ifindexes,
+            generation: 0,
+            options: options.clone(),
+            last_tick_ns: monotonic_ns(),
+        }),
+        metrics: Arc::new(Metrics::new()),
+    });
+    let (stop, stopped) = watch::channel(false);
+    let control = tokio::spawn(control_loop(Arc::clone(&shared), tick, stopped.clone()));
+    let exporter = metrics_listener.map(|listener| spawn_exporter(listener, &shared, stopped.clone()));
+    let mut server_stopped = stopped;
+    let (last, ()) = tokio::join!(
+        async {
+            let mut last = Signal::Stop;
+            while let Some(signal) = signals.recv().await {
+                match signal {
+                    Signal::Reload => {
+                        if let Err(e) = shared.reload().await {
+                            error!(error = %e, "reload refused; the running configuration stays in force");
+                        }
+                    }
+                    Signal::Stop | Signal::Handover => {
+                        last = signal;
+                        break;
+                    }
+                }
+            }
+            let _ = stop.send(true);
+            last
+        },
+        server.serve(Arc::clone(&shared), async move {
+            let _ = server_stopped.wait_for(|s| *s).await;
+        }),
+    );
+    if let Err(e) = control.await {
+        warn!(error = %e, "the control loop ended abnormally");
+    }
+    if let Some(Err(e)) = match exporter {
+        Some(task) => Some(task.await),
+        None => None,
+    } {
+        warn!(error = %e, "the metrics endpoint ended abnormally");
+    }
+    drop(server);
+    let mut state = shared.state.lock().await;
+    if last == Signal::Handover && options.pin_dir.is_some() {
+        installed.leave_in_place(&mut state.datapath);
+        info!("exiting with the datapath left in place at its last rates, for the next shaperd to take over");
+        Ok(Exit::HandedOver)
+    } else {
+        if last == Signal::Handover {
+            warn!("nothing is pinned (--no-pin): stopping instead of handing over");
+        }
+        info!("shutting down");
+        installed.undo(&mut state.datapath).await;
+        Ok(Exit::Stopped)
+    }
+}
+
+/// Serves Prometheus scrapes from `listener` until `stopped` turns true.
+fn spawn_exporter(
+    listener: tokio::net::TcpListener,
+    shared: &Arc<Shared>,
+    mut stopped: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let source = Arc::clone(shared);
+    let listen = listener.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string());
+    info!(%listen, "serving Prometheus metrics at /metrics");
+    tokio::spawn(metrics::serve(
+        listener,
+        Arc::clone(&shared.metrics),
+        move || {
+            let source = Arc::clone(&source);
+            async move { source.state.lock().await.snapshot() }
+        },
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        },
+    ))
+}

@@ -1,0 +1,251 @@
+//! Putting shaping in place and taking it away again.
+//!
+//! [`Installed::setup`] installs `fq` on each interface, writes the classes, interfaces and
+//! rules into the datapath, attaches the program at egress, and binds the control socket and
+//! the metrics listener. It returns an [`Installed`]: what it changed outside this process, to
+//! be given back by [`Installed::undo`] on shutdown, or left for the next shaperd by
+//! [`Installed::leave_in_place`] on a handover. If a step of the setup fails, what the earlier
+//! steps changed is undone before the error is returned.
+
+use std::path::PathBuf;
+
+use shaper_common::{IfaceConfig, IFACE_DOWNLOAD, IFACE_ENABLED, IFACE_L3, LINK_SLACK_PERCENT};
+use tracing::{info, warn};
+
+use super::{
+    handover::Handover,
+    ids::{assign_ids, rule_specs},
+    state::{class_config, ClassEntry},
+    DaemonError, Options,
+};
+use crate::{
+    api::Server,
+    bpf::{BpfError, Datapath},
+    config::{Config, Direction},
+    netdev,
+    qdisc::{self, FqGuard},
+    rate::Rate,
+    rules,
+};
+
+/// What [`Installed::setup`] made ready to run besides the datapath itself.
+pub(super) struct Started {
+    /// One entry per class of the configuration, in the same order.
+    pub(super) classes: Vec<ClassEntry>,
+    /// The control socket, bound.
+    pub(super) server: Server,
+    /// The Prometheus listener, if the configuration asks for one.
+    pub(super) metrics_listener: Option<tokio::net::TcpListener>,
+}
+
+/// What the setup changed outside this process and shutdown must give back: the `fq` root
+/// qdisc of each interface (with what was there before), and the handover file. The program's
+/// attachments, the clsact qdiscs it added and the pinned maps belong to the [`Datapath`],
+/// which [`undo`](Self::undo) is given so that they go first.
+///
+/// Dropped without [`undo`](Self::undo) or [`leave_in_place`](Self::leave_in_place) (a panic,
+/// or the daemon's future dropped while it runs), it still gives each interface its root
+/// qdisc back; see the `Drop` impl.
+#[must_use = "call undo() to give the interfaces back, or leave_in_place() for the next shaperd"]
+pub(super) struct Installed {
+    /// The `fq` root qdiscs, in interface order.
+    fq: Vec<FqGuard>,
+    /// Removed on undo, so that a later shaperd does not take stale class ids over.
+    handover_file: Option<PathBuf>,
+}
+
+impl Installed {
+    /// Sets everything up: `fq` on each interface, the classes, the rules, the attachments, the
+    /// control socket and the metrics listener. `fresh` is the class ids in file order and the
+    /// rules compiled with them; with `adopted` maps, the class ids and rates an earlier
+    /// shaperd used carry on instead (and the rules are compiled again only if its ids differ).
+    ///
+    /// If a step fails, everything done so far is undone (as [`Self::undo`] does) before the
+    /// error is returned.
+    pub(super) async fn setup(
+        config: &Config,
+        options: &Options,
+        datapath: &mut Datapath,
+        adopted: bool,
+        ifindexes: &[u32],
+        fresh: (Vec<u32>, rules::Compiled),
+    ) -> Result<(Self, Started), DaemonError> {
+        let mut installed = Self { fq: Vec::new(), handover_file: options.handover_file() };
+        match installed.install(config, options, datapath, adopted, ifindexes, fresh).await {
+            Ok(started) => Ok((installed, started)),
+            Err(e) => {
+                installed.undo(datapath).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The steps of [`Self::setup`], recording in `self` what has to be given back.
+    async fn install(
+        &mut self,
+        config: &Config,
+        options: &Options,
+        datapath: &mut Datapath,
+        adopted: bool,
+        ifindexes: &[u32],
+        fresh: (Vec<u32>, rules::Compiled),
+    ) -> Result<Started, DaemonError> {
+        let handover = match options.handover_file() {
+            Some(path) if adopted => Handover::read(&path),
+            _ => Handover::default(),
+        };
+        datapath.assume_bank_ports(handover.bank_ports);
+        let previous: Vec<(&str, u32)> = handover.classes.iter().map(|(n, id)| (n.as_str(), *id)).collect();
+        let ids = assign_ids(config, &previous).expect("validated: at most MAX_CLASSES classes");
+        let (fresh_ids, mut compiled) = fresh;
+        if ids != fresh_ids {
+            compiled = rules::compile(&rule_specs(config, &ids))
+                .map_err(|source| DaemonError::Rules { path: config.path.clone(), source })?;
+        }
+        for iface in &config.interfaces {
+            self.fq.push(qdisc::ensure_fq(&iface.name, iface.replace_qdisc, fq_limits(config, &iface.name)).await?);
+        }
+        let mut classes = Vec::new();
+        for (class, &id) in config.classes.iter().zip(&ids) {
+            let leaf = config.is_leaf(&class.name);
+            let mut entry = ClassEntry::new(id, leaf, class.rate);
+            if leaf {
+                if previous.iter().any(|&(n, _)| n == class.name) {
+                    // Go on at the rate the class was paced at, not back to its guarantee.
+                    let paced = Rate::from_bits_per_sec(datapath.class_config(id)?.rate_bytes.saturating_mul(8));
+                    entry.current = paced.max(class.rate).min(class.ceil);
+                }
+                datapath.set_class(id, class_config(class, entry.current, entry.share, entry.quiet))?;
+            }
+            classes.push(entry);
+        }
+        set_ifaces(datapath, config, ifindexes, &ids)?;
+        datapath.load_rules(&compiled)?;
+        for iface in &config.interfaces {
+            let (mode, took_over) = datapath.attach(&iface.name)?;
+            info!(interface = %iface.name, ?mode, took_over, "attached at egress");
+        }
+        if let Some(path) = options.handover_file() {
+            Handover::write(&path, config, &ids, datapath);
+        }
+        let server = Server::bind(&options.socket).await?;
+        let metrics_listener = match config.daemon.metrics_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr).await.map_err(|source| DaemonError::Metrics { addr, source })?,
+            ),
+            None => None,
+        };
+        Ok(Started { classes, server, metrics_listener })
+    }
+
+    /// Gives everything back: detaches the program from `datapath` (the one the setup
+    /// attached), removes the clsact qdiscs it added, restores the root qdiscs, and removes
+    /// the pins and the handover file. Failures are logged, and the rest still done.
+    pub(super) async fn undo(mut self, datapath: &mut Datapath) {
+        match datapath.detach_all() {
+            Ok(added_clsact) => {
+                for iface in added_clsact {
+                    if let Err(e) = qdisc::delete_clsact(&iface).await {
+                        warn!(interface = %iface, error = %e, "removing the clsact qdisc");
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "detaching"),
+        }
+        restore_root_qdiscs(std::mem::take(&mut self.fq)).await;
+        if let Err(e) = datapath.unpin_maps() {
+            warn!(error = %e, "removing the pins");
+        }
+        if let Some(path) = self.handover_file.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// Leaves everything in place for the next shaperd (a handover): the program attached to
+    /// `datapath`'s interfaces, the maps pinned, `fq` at the root, the handover file beside the
+    /// socket. Nothing is undone, now or on drop.
+    pub(super) fn leave_in_place(mut self, datapath: &mut Datapath) {
+        datapath.leave_in_place();
+        self.fq.clear();
+        self.handover_file = None;
+    }
+}
+
+impl Drop for Installed {
+    /// The safety net for a path that neither undid nor left in place: gives each interface
+    /// its root qdisc back. The datapath detaches the program when it is dropped itself; the
+    /// pins and the handover file stay, as after a crash, for the next shaperd to take over.
+    ///
+    /// Restoring is asynchronous (rtnetlink) and `drop` is not, and it may run on a thread of a
+    /// tokio runtime, where starting another runtime panics. So the restore runs on a
+    /// current-thread runtime of its own, on a scoped thread that this one waits for. A new
+    /// thread starts in the network namespace of the thread that spawns it, so the qdiscs of
+    /// the same interfaces are restored.
+    fn drop(&mut self) {
+        let fq = std::mem::take(&mut self.fq);
+        if fq.is_empty() {
+            return;
+        }
+        warn!(interfaces = fq.len(), "shaperd stopped without a shutdown: restoring the root qdiscs");
+        std::thread::scope(|scope| {
+            let restoring = scope.spawn(|| match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(runtime) => runtime.block_on(restore_root_qdiscs(fq)),
+                Err(e) => warn!(error = %e, "starting a runtime to restore the root qdiscs"),
+            });
+            if restoring.join().is_err() {
+                warn!("restoring the root qdiscs panicked");
+            }
+        });
+    }
+}
+
+/// Gives each interface of `guards` its root qdisc back, logging the failures.
+async fn restore_root_qdiscs(guards: Vec<FqGuard>) {
+    for guard in guards {
+        let iface = guard.ifname().to_owned();
+        if let Err(e) = guard.restore().await {
+            warn!(interface = %iface, error = %e, "restoring the root qdisc");
+        }
+    }
+}
+
+/// Writes each interface's slot, default class and overhead.
+pub(super) fn set_ifaces(
+    datapath: &mut Datapath,
+    config: &Config,
+    ifindexes: &[u32],
+    ids: &[u32],
+) -> Result<(), BpfError> {
+    for (slot, (iface, &index)) in config.interfaces.iter().zip(ifindexes).enumerate() {
+        let default = config.classes.iter().position(|c| c.name == iface.default_class).expect("validated");
+        let flags = IFACE_ENABLED
+            | if netdev::is_l3(&iface.name) { IFACE_L3 } else { 0 }
+            | if iface.direction == Direction::Download { IFACE_DOWNLOAD } else { 0 };
+        datapath.set_iface(
+            index,
+            IfaceConfig {
+                slot: u32::try_from(slot).expect("at most MAX_INTERFACES"),
+                default_class: ids[default],
+                overhead: iface.overhead,
+                flags,
+                link_bytes: iface.rate.bytes_per_sec() / 100 * (100 + LINK_SLACK_PERCENT),
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// fq limits that hold every packet the horizons admit (see [`qdisc::FqLimits`]): the
+/// fastest class's ceil over its horizon, in 1000-byte packets, per flow (a class may be a
+/// single flow), and four times that in all.
+fn fq_limits(config: &Config, iface: &str) -> qdisc::FqLimits {
+    let most_bytes = config
+        .classes
+        .iter()
+        .filter(|c| c.interface == iface)
+        .map(|c| u128::from(c.ceil.bits_per_sec() / 8) * c.horizon.as_nanos() / 1_000_000_000)
+        .max()
+        .unwrap_or(0);
+    let flow = u32::try_from(most_bytes / 1000).unwrap_or(u32::MAX).clamp(1_000, 100_000);
+    qdisc::FqLimits { packets: flow.saturating_mul(4).max(10_000), flow_packets: flow }
+}

@@ -1,0 +1,384 @@
+//! What the running daemon knows about each class, and the control loop that keeps the
+//! datapath's rates up to date: every tick it reads the counters, estimates each leaf's
+//! demand, runs the allocator and writes the rates that changed. `status` and the Prometheus
+//! snapshot read the same state.
+
+use std::{
+    collections::VecDeque,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use nix::time::{clock_gettime, ClockId};
+use shaper_common::{
+    frames_ns, ClassConfig, CLASS_QUIET, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, ISOLATE_FLOW, ISOLATE_HOST, ISOLATE_NONE,
+};
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+use super::{Options, Shared};
+use crate::{
+    api::{ApiError, ClassStatus, Status},
+    bpf::{BpfError, Datapath},
+    config::{Class, Config, Isolation},
+    demand::{self, Counters, Estimator, Observation},
+    metrics::{ClassSample, Snapshot},
+    pacing::{self, Pacer},
+    rate::Rate,
+    tree::Tree,
+};
+
+/// The window of the added-delay percentile that `status` reports.
+const DELAY_WINDOW_NS: u64 = 1_000_000_000;
+
+/// A class as the daemon tracks it.
+#[derive(Clone, Debug)]
+pub(super) struct ClassEntry {
+    /// Index in the datapath's class arrays.
+    pub(super) id: u32,
+    /// Whether the class has no children (only leaves carry traffic and are paced).
+    pub(super) leaf: bool,
+    /// The rate the datapath paces the class at.
+    pub(super) current: Rate,
+    /// The allocator's last share for the class (inner classes: their children's sum).
+    allocated: Rate,
+    /// The demand estimator fed by the class's counters.
+    estimator: Estimator,
+    /// The offered rate the estimator last read.
+    throughput: Rate,
+    /// Whether the estimator found the class limited by its pacing rate at the last tick.
+    limited: bool,
+    /// Whether the class is paced at its wake rate, behind the link clock (`CLASS_QUIET`).
+    pub(super) quiet: bool,
+    /// Isolation: one host's fair share of the class (bits/s; 0 before the first tick).
+    pub(super) share: u64,
+    /// The isolation counters at the last tick: bytes from light hosts, hosts over their
+    /// share, hosts near it.
+    share_counters: (u64, u64, u64),
+    /// Delay histograms over the last second (`CLOCK_MONOTONIC` ns), oldest first, for the
+    /// p99 in `status`.
+    delays: VecDeque<(u64, [u64; DELAY_BUCKETS])>,
+}
+
+impl ClassEntry {
+    /// A class seen for the first time: a leaf starts paced at its guaranteed `rate`.
+    pub(super) fn new(id: u32, leaf: bool, rate: Rate) -> Self {
+        Self {
+            id,
+            leaf,
+            current: if leaf { rate } else { Rate::ZERO },
+            allocated: Rate::ZERO,
+            estimator: Estimator::new(),
+            throughput: Rate::ZERO,
+            quiet: false,
+            limited: false,
+            share: 0,
+            share_counters: (0, 0, 0),
+            delays: VecDeque::new(),
+        }
+    }
+
+    /// The same class in a new configuration that guarantees it `rate`: its id, estimator and
+    /// counters carry on, and it is paced at no less than `rate`.
+    pub(super) fn carried_over(&self, rate: Rate) -> Self {
+        Self { current: self.current.max(rate), ..self.clone() }
+    }
+
+    /// Records the class's delay histogram, keeping one second of history.
+    fn record_delays(&mut self, now_ns: u64, hist: [u64; DELAY_BUCKETS]) {
+        demand::slide(&mut self.delays, now_ns, hist, DELAY_WINDOW_NS);
+    }
+
+    /// The 99th percentile of the added delay over the recorded window, as the upper bound of
+    /// its bucket (µs); `None` when nothing was sent in the window.
+    fn p99_delay_us(&self) -> Option<u64> {
+        let ((_, first), (_, last)) = (self.delays.front()?, self.delays.back()?);
+        let counts: Vec<u64> = last.iter().zip(first).map(|(l, f)| l.saturating_sub(*f)).collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let mut seen = 0;
+        for (i, c) in counts.iter().enumerate() {
+            seen += c;
+            if seen * 100 >= total * 99 {
+                return Some(if i + 1 == DELAY_BUCKETS { u64::MAX } else { (DELAY_BUCKET_BASE_NS << i) / 1000 });
+            }
+        }
+        None
+    }
+}
+
+/// One interface's class tree; node `n` stands for class `classes[n]` (root: `None`).
+pub(super) struct IfaceTree {
+    /// The allocator's view of the interface's classes.
+    tree: Tree,
+    /// The class (index in the configuration) of each node.
+    classes: Vec<Option<usize>>,
+    /// Turns the tree's allocations into pacing rates, tick after tick.
+    pacer: Pacer,
+}
+
+/// Everything the running daemon holds, behind one lock: the configuration in force, the
+/// classes as tracked, the allocator's trees and the datapath.
+pub(super) struct State {
+    /// The configuration in force.
+    pub(super) config: Config,
+    /// One entry per class of `config`, in the same order.
+    pub(super) classes: Vec<ClassEntry>,
+    /// One tree per interface of `config`, in the same order.
+    pub(super) trees: Vec<IfaceTree>,
+    /// The loaded program and its maps.
+    pub(super) datapath: Datapath,
+    /// The index of each interface of `config`, in the same order.
+    pub(super) ifindexes: Vec<u32>,
+    /// Incremented by every change applied after the start.
+    pub(super) generation: u64,
+    /// Where the daemon listens and pins (for the handover file).
+    pub(super) options: Options,
+    /// `CLOCK_MONOTONIC` time of the last control tick, ns.
+    pub(super) last_tick_ns: u64,
+}
+
+/// The datapath's settings of a leaf class paced at `rate`, whose hosts' fair share is
+/// `share` (bits/s; 0: none yet), quiet or not (see `pacing`).
+pub(super) fn class_config(class: &Class, rate: Rate, share: u64, quiet: bool) -> ClassConfig {
+    let (target, interval) =
+        class.aqm.map_or((0, 0), |a| codel_params(horizon_ns(a.target), horizon_ns(a.interval), rate));
+    let isolation = match class.isolation {
+        Isolation::None => ISOLATE_NONE,
+        Isolation::Host => ISOLATE_HOST,
+        Isolation::Flow => ISOLATE_FLOW,
+    };
+    let share_bytes = if isolation == ISOLATE_NONE { 0 } else { share / 8 };
+    // A host is over its share once its clock is CoDel's target ahead: the standing queue
+    // CoDel signals about is then its own. A larger slack withheld every signal from a class's
+    // only host (at its share, its clock is as far ahead as the queue), and its queue grew to
+    // the horizon. Without AQM, eight full frames. One that runs half the horizon ahead
+    // ignores the congestion signals, and is dropped.
+    let slack = if target == 0 { frames_ns(8, share_bytes).max(2_000_000) } else { target };
+    ClassConfig {
+        rate_bytes: rate.bytes_per_sec(),
+        horizon_ns: horizon_ns(class.horizon),
+        burst_ns: frames_ns(1, rate.bytes_per_sec()),
+        codel_target_ns: target,
+        codel_interval_ns: interval,
+        isolation,
+        flags: if quiet { CLASS_QUIET } else { 0 },
+        share_bytes,
+        share_horizon_ns: (horizon_ns(class.horizon) / 2).max(slack * 4),
+        share_slack_ns: slack,
+        // Two frames at the share: hosts sending a third of it or more contend for it.
+        share_near_ns: frames_ns(2, share_bytes),
+    }
+}
+
+/// CoDel's target and interval for a class paced at `rate`. A target shorter than the time a
+/// few full-size frames take at that rate would signal congestion on every other packet and
+/// starve TCP at low rates (at 300 kbit/s one frame takes 40 ms), so the target is at least
+/// three frame times and the interval grows with it, as CAKE does (`cake_set_rate`, which
+/// uses 1.5 frames but splits GSO packets; here a GSO packet of two segments is one packet).
+pub(crate) fn codel_params(target_ns: u64, interval_ns: u64, rate: Rate) -> (u64, u64) {
+    let frame_ns = demand::frames_ns(1, rate.bits_per_sec());
+    let target = target_ns.max(frame_ns.saturating_mul(3));
+    let interval = (interval_ns + (target - target_ns)).max(target.saturating_mul(2));
+    (target, interval)
+}
+
+/// The allocator's tree of each interface of `config`, in the same order.
+pub(super) fn trees(config: &Config) -> Vec<IfaceTree> {
+    config
+        .interfaces
+        .iter()
+        .map(|i| {
+            let (tree, classes) = Tree::from_config(config, &i.name);
+            IfaceTree { tree, classes, pacer: Pacer::default() }
+        })
+        .collect()
+}
+
+/// `CLOCK_MONOTONIC` now, in ns: the clock of the datapath's departure times.
+pub(super) fn monotonic_ns() -> u64 {
+    clock_gettime(ClockId::CLOCK_MONOTONIC).map_or(0, |ts| {
+        u64::try_from(ts.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec()).unwrap_or(0)
+    })
+}
+
+/// A duration in ns, as the datapath's settings hold it.
+fn horizon_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Every `tick`: measure each leaf's demand, run the allocator, write the new rates.
+pub(super) async fn control_loop(shared: Arc<Shared>, tick: Duration, mut stopped: watch::Receiver<bool>) {
+    let mut interval = tokio::time::interval(tick);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            changed = stopped.changed() => {
+                if changed.is_err() || *stopped.borrow() {
+                    return;
+                }
+            }
+            _ = interval.tick() => {
+                let mut state = shared.state.lock().await;
+                let started = Instant::now();
+                if let Err(e) = state.control_tick() {
+                    warn!(error = %e, "control tick");
+                }
+                shared.metrics.observe_tick(started.elapsed());
+            }
+        }
+    }
+}
+
+impl State {
+    /// One round of the control loop.
+    pub(super) fn control_tick(&mut self) -> Result<(), BpfError> {
+        let mono = monotonic_ns();
+        let elapsed = mono.saturating_sub(std::mem::replace(&mut self.last_tick_ns, mono));
+        for t in &mut self.trees {
+            let mut leaves = vec![pacing::Leaf::default(); t.tree.nodes.len()];
+            // Isolation, per node: (bits/s from light hosts, hosts over their share, hosts
+            // near it) over the last tick.
+            let mut hosts = vec![(0u64, 0u64, 0u64); t.tree.nodes.len()];
+            for (node, class) in t.classes.iter().enumerate() {
+                let Some(c) = *class else { continue };
+                let entry = &mut self.classes[c];
+                if !entry.leaf {
+                    continue;
+                }
+                let stats = self.datapath.class_stats(entry.id)?;
+                let clock = self.datapath.class_state(entry.id)?.next_ns;
+                let backlog = clock.saturating_sub(mono);
+                let estimate = entry.estimator.update(&Observation {
+                    now_ns: mono,
+                    counters: Counters {
+                        offered_bytes: stats.bytes
+                            + stats.drop_horizon_bytes
+                            + stats.drop_aqm_bytes
+                            + stats.drop_share_bytes,
+                        packets: stats.packets,
+                        idle_packets: stats.idle_packets,
+                    },
+                    backlog_ns: backlog,
+                    pacing: entry.current.bits_per_sec(),
+                });
+                entry.throughput = Rate::from_bits_per_sec(estimate.offered);
+                entry.limited = estimate.limited;
+                entry.record_delays(mono, stats.delay_hist);
+                leaves[node] = pacing::Leaf {
+                    demand: estimate.demand,
+                    limited: estimate.limited,
+                    lately_limited: estimate.lately_limited,
+                    backlog_ns: backlog,
+                };
+                let now = (stats.share_under_bytes, stats.hosts_over, stats.hosts_near);
+                let (under, over, near) = std::mem::replace(&mut entry.share_counters, now);
+                let under_bits = u128::from(now.0.saturating_sub(under)) * 8 * 1_000_000_000;
+                hosts[node] = (
+                    u64::try_from(under_bits.checked_div(u128::from(elapsed)).unwrap_or(0)).unwrap_or(u64::MAX),
+                    now.1.saturating_sub(over),
+                    now.2.saturating_sub(near),
+                );
+            }
+            let rates = t.pacer.tick(&t.tree, &leaves, mono);
+            for (node, class) in t.classes.iter().enumerate() {
+                let Some(c) = *class else { continue };
+                let entry = &mut self.classes[c];
+                entry.allocated = Rate::from_bits_per_sec(rates.allocated[node]);
+                if !entry.leaf {
+                    continue;
+                }
+                let spec = &self.config.classes[c];
+                let pacing = Rate::from_bits_per_sec(rates.pacing[node]);
+                let (under, over, near) = hosts[node];
+                let share = demand::fair_share(pacing.bits_per_sec(), entry.limited, under, over, near, entry.share);
+                let quiet = rates.quiet[node];
+                // Rewritten when the rate or quietness changes, or the share by more than 1/32.
+                if pacing != entry.current || quiet != entry.quiet || share.abs_diff(entry.share) > entry.share / 32 {
+                    self.datapath.set_class(entry.id, class_config(spec, pacing, share, quiet))?;
+                    if pacing != entry.current {
+                        debug!(class = %spec.name, from = %entry.current, to = %pacing, "rate");
+                    }
+                    entry.current = pacing;
+                    entry.share = share;
+                    entry.quiet = quiet;
+                }
+            }
+        }
+        self.datapath.next_epoch()?;
+        Ok(())
+    }
+
+    /// Every class's counters and rates, for a Prometheus scrape. A class whose counters
+    /// cannot be read is left out (and logged) rather than failing the whole scrape.
+    pub(super) fn snapshot(&self) -> Snapshot {
+        let mut classes = Vec::with_capacity(self.classes.len());
+        for (class, entry) in self.config.classes.iter().zip(&self.classes) {
+            let s = match self.datapath.class_stats(entry.id) {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(class = %class.name, error = %e, "reading counters for a scrape");
+                    continue;
+                }
+            };
+            classes.push(ClassSample {
+                interface: class.interface.clone(),
+                class: class.name.clone(),
+                leaf: entry.leaf,
+                bytes: s.bytes,
+                packets: s.packets,
+                drops_horizon_packets: s.drop_horizon_packets,
+                drops_horizon_bytes: s.drop_horizon_bytes,
+                drops_aqm_packets: s.drop_aqm_packets,
+                drops_aqm_bytes: s.drop_aqm_bytes,
+                drops_share_packets: s.drop_share_packets,
+                drops_share_bytes: s.drop_share_bytes,
+                ecn_marks: s.ecn_marked_packets,
+                rate_bps: class.rate.bits_per_sec(),
+                ceil_bps: class.ceil.bits_per_sec(),
+                allocated_bps: entry.allocated.bits_per_sec(),
+                pacing_bps: if entry.leaf { entry.current.bits_per_sec() } else { 0 },
+                delay_buckets: s.delay_hist,
+                delay_ns_total: s.delay_ns_total,
+            });
+        }
+        Snapshot { generation: self.generation, classes }
+    }
+
+    /// The reply to `shaperctl status`: every class's settings, rates and counters.
+    pub(super) fn status(&self) -> Result<Status, ApiError> {
+        let mut out = Vec::new();
+        for (class, entry) in self.config.classes.iter().zip(&self.classes) {
+            let s = self.datapath.class_stats(entry.id).map_err(|e| ApiError::Internal { message: format!("{e}") })?;
+            let drops = s.drop_horizon_packets + s.drop_aqm_packets + s.drop_share_packets;
+            out.push(ClassStatus {
+                name: class.name.clone(),
+                interface: class.interface.clone(),
+                parent: class.parent.clone(),
+                leaf: entry.leaf,
+                rate: class.rate,
+                ceil: class.ceil,
+                prio: class.prio,
+                current_rate: entry.current,
+                allocated: entry.allocated,
+                throughput: entry.throughput,
+                bytes: s.bytes,
+                packets: s.packets,
+                drops,
+                drops_horizon: s.drop_horizon_packets,
+                drops_aqm: s.drop_aqm_packets,
+                drops_share: s.drop_share_packets,
+                share: entry.share,
+                ecn_marks: s.ecn_marked_packets,
+                sparse_packets: s.sparse_packets,
+                limited: entry.limited,
+                delayed_packets: s.delayed_packets,
+                mean_delay_us: s.delay_ns_total.checked_div(s.delayed_packets).unwrap_or(0) / 1000,
+                p99_delay_us: entry.p99_delay_us(),
+            });
+        }
+        Ok(Status { config: self.config.path.clone(), generation: self.generation, classes: out })
+    }
+}
