@@ -126,10 +126,11 @@ pub struct ClassStatus {
     pub rate: Rate,
     pub ceil: Rate,
     pub prio: u8,
-    /// The rate the datapath paces the class at now.
-    pub current_rate: Rate,
+    /// The rate the datapath paces the class at now (0 for inner classes, which carry no
+    /// packets of their own).
+    pub pacing_rate: Rate,
     /// The allocator's share for the class (for an inner class, its children's sum).
-    pub allocated: Rate,
+    pub allocation: Rate,
     /// Offered rate (sent and dropped) over the last 400 ms, for leaves.
     pub throughput: Rate,
     /// Whether the class's rate holds it back (its queue never emptied over the last 50 ms):
@@ -141,12 +142,22 @@ pub struct ClassStatus {
     pub packets: u64,
     /// Packets dropped (all reasons).
     pub drops: u64,
+    /// Packets dropped because their departure time was beyond the class's horizon, and
+    /// their wire bytes.
     pub drops_horizon: u64,
-    /// Packets dropped by the AQM, and ECN-capable packets it marked instead.
+    #[serde(default)]
+    pub drops_horizon_bytes: u64,
+    /// Packets dropped by the AQM (ECN-capable packets are marked instead, `ecn_marks`), and
+    /// their wire bytes.
     pub drops_aqm: u64,
-    /// Packets dropped because their host was far over its fair share of the class.
+    #[serde(default)]
+    pub drops_aqm_bytes: u64,
+    /// Packets dropped because their host was far over its fair share of the class, and their
+    /// wire bytes.
     #[serde(default)]
     pub drops_share: u64,
+    #[serde(default)]
+    pub drops_share_bytes: u64,
     /// With isolation: one host's (or flow's) fair share of the class, bits/s, as estimated
     /// at the last tick (the class's rate when nobody needs protecting).
     #[serde(default)]
@@ -160,6 +171,14 @@ pub struct ClassStatus {
     /// The 99th percentile of the added delay over the last second (the upper bound of its
     /// histogram bucket), if the class sent anything.
     pub p99_delay_us: Option<u64>,
+    /// Packets by added delay since the datapath was loaded, NOT cumulative: bucket `i` below
+    /// the last counts delays up to `shaper_common::DELAY_BUCKET_BASE_NS << i` (and above the
+    /// previous bound), the last one the rest; empty for inner classes.
+    #[serde(default)]
+    pub delay_buckets: Vec<u64>,
+    /// Sum of the added delays, ns.
+    #[serde(default)]
+    pub delay_ns_total: u64,
 }
 
 /// Why a request failed.
@@ -365,7 +384,7 @@ impl Client {
 
 impl fmt::Display for ClassStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({}): rate {} ceil {} now {}", self.name, self.interface, self.rate, self.ceil, self.current_rate)
+        write!(f, "{} ({}): rate {} ceil {} now {}", self.name, self.interface, self.rate, self.ceil, self.pacing_rate)
     }
 }
 

@@ -23,8 +23,8 @@
 //! | `shaper_class_added_delay_seconds` | histogram | delay the shaper added to each packet sent |
 //! | `shaper_class_rate_bytes_per_second` | gauge | configured guaranteed rate |
 //! | `shaper_class_ceil_bytes_per_second` | gauge | configured ceiling |
-//! | `shaper_class_allocated_bytes_per_second` | gauge | the allocator's current share |
-//! | `shaper_class_pacing_bytes_per_second` | gauge | the rate the datapath paces the class at |
+//! | `shaper_class_allocation_bytes_per_second` | gauge | the allocator's current share |
+//! | `shaper_class_pacing_rate_bytes_per_second` | gauge | the rate the datapath paces the class at |
 //! | `shaper_config_generation` | gauge | generation of the configuration in force |
 //! | `shaper_allocator_tick_duration_seconds` | histogram | time one allocator tick took |
 //!
@@ -66,6 +66,8 @@ use shaper_common::{DELAY_BUCKETS, DELAY_BUCKET_BASE_NS};
 use tokio::{net::TcpListener, sync::Semaphore, task::JoinSet};
 use tracing::{debug, warn};
 
+use crate::api::{ClassStatus, Status};
+
 /// Prefix of every metric name.
 pub const PREFIX: &str = "shaper";
 /// The content type of a scrape's answer: what prometheus-client's text encoder writes.
@@ -81,44 +83,9 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 const TICK_BUCKETS: [f64; 13] =
     [10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3];
 
-/// One class at scrape time. Counters are totals since the datapath was loaded.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ClassSample {
-    pub interface: String,
-    pub class: String,
-    pub leaf: bool,
-    /// Wire bytes sent.
-    pub bytes: u64,
-    pub packets: u64,
-    pub drops_horizon_packets: u64,
-    pub drops_horizon_bytes: u64,
-    pub drops_aqm_packets: u64,
-    pub drops_aqm_bytes: u64,
-    /// Dropped because their host was far over its fair share of the class.
-    pub drops_share_packets: u64,
-    pub drops_share_bytes: u64,
-    pub ecn_marks: u64,
-    /// Configured guaranteed rate, bits/s.
-    pub rate_bps: u64,
-    pub ceil_bps: u64,
-    /// The allocator's current share.
-    pub allocated_bps: u64,
-    /// The rate the datapath paces the class at now.
-    pub pacing_bps: u64,
-    /// Packets by added delay, NOT cumulative: bucket i < DELAY_BUCKETS-1 counts delays
-    /// <= `shaper_common::DELAY_BUCKET_BASE_NS << i` (and above the previous bound); the last one the rest.
-    pub delay_buckets: [u64; shaper_common::DELAY_BUCKETS],
-    /// Sum of added delays, ns.
-    pub delay_ns_total: u64,
-}
-
-/// What the daemon hands over for one scrape.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Snapshot {
-    /// Generation of the configuration in force.
-    pub generation: u64,
-    pub classes: Vec<ClassSample>,
-}
+/// What the daemon hands over for one scrape: the `status` reply, whose per-class records
+/// (counters since the datapath was loaded, rates, the delay histogram) the metrics encode.
+pub type Snapshot = Status;
 
 /// The daemon-level metrics, observed as they happen, and the encoder of a whole scrape.
 ///
@@ -183,10 +150,10 @@ impl Collector for SnapshotCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let snapshot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let classes = &snapshot.classes;
-        let leaves: Vec<&ClassSample> = classes.iter().filter(|c| c.leaf).collect();
+        let leaves: Vec<&ClassStatus> = classes.iter().filter(|c| c.leaf).collect();
         let e = &mut encoder;
 
-        let counter = |value: fn(&ClassSample) -> u64| {
+        let counter = |value: fn(&ClassStatus) -> u64| {
             leaves.iter().map(|c| (labels(c), ConstCounter::new(value(c)))).collect::<Vec<_>>()
         };
         family(e, "class_bytes", "Wire bytes the class sent.", None, &counter(|c| c.bytes))?;
@@ -198,7 +165,7 @@ impl Collector for SnapshotCollector {
             &counter(|c| c.packets),
         )?;
         let by_reason =
-            |horizon: fn(&ClassSample) -> u64, aqm: fn(&ClassSample) -> u64, share: fn(&ClassSample) -> u64| {
+            |horizon: fn(&ClassStatus) -> u64, aqm: fn(&ClassStatus) -> u64, share: fn(&ClassStatus) -> u64| {
                 leaves
                     .iter()
                     .flat_map(|c| {
@@ -216,7 +183,7 @@ impl Collector for SnapshotCollector {
             "Packets the class dropped, by reason: horizon (departure time too far ahead), aqm, or \
              share (their host far over its fair share of the class).",
             None,
-            &by_reason(|c| c.drops_horizon_packets, |c| c.drops_aqm_packets, |c| c.drops_share_packets),
+            &by_reason(|c| c.drops_horizon, |c| c.drops_aqm, |c| c.drops_share),
         )?;
         family(
             e,
@@ -240,7 +207,7 @@ impl Collector for SnapshotCollector {
             &leaves.iter().map(|c| (labels(c), DelayHistogram::of(c))).collect::<Vec<_>>(),
         )?;
 
-        let gauge = |value: fn(&ClassSample) -> u64| {
+        let gauge = |value: fn(&ClassStatus) -> u64| {
             classes.iter().map(|c| (labels(c), ConstGauge::new(bits_to_bytes(value(c))))).collect::<Vec<_>>()
         };
         family(
@@ -248,22 +215,28 @@ impl Collector for SnapshotCollector {
             "class_rate_bytes_per_second",
             "Configured guaranteed rate of the class.",
             None,
-            &gauge(|c| c.rate_bps),
+            &gauge(|c| c.rate.bits_per_sec()),
         )?;
-        family(e, "class_ceil_bytes_per_second", "Configured ceiling of the class.", None, &gauge(|c| c.ceil_bps))?;
         family(
             e,
-            "class_allocated_bytes_per_second",
+            "class_ceil_bytes_per_second",
+            "Configured ceiling of the class.",
+            None,
+            &gauge(|c| c.ceil.bits_per_sec()),
+        )?;
+        family(
+            e,
+            "class_allocation_bytes_per_second",
             "Rate the allocator currently shares out to the class.",
             None,
-            &gauge(|c| c.allocated_bps),
+            &gauge(|c| c.allocation.bits_per_sec()),
         )?;
         family(
             e,
-            "class_pacing_bytes_per_second",
+            "class_pacing_rate_bytes_per_second",
             "Rate the datapath currently paces the class at.",
             None,
-            &gauge(|c| c.pacing_bps),
+            &gauge(|c| c.pacing_rate.bits_per_sec()),
         )?;
         // Encoded without a label set, which the family encoder would write as `{}`.
         let generation = ConstGauge::new(snapshot.generation);
@@ -312,11 +285,11 @@ struct DropLabels {
     reason: DropReason,
 }
 
-fn labels(c: &ClassSample) -> ClassLabels {
-    ClassLabels { interface: c.interface.clone(), class: c.class.clone() }
+fn labels(c: &ClassStatus) -> ClassLabels {
+    ClassLabels { interface: c.interface.clone(), class: c.name.clone() }
 }
 
-fn labels_with_reason(c: &ClassSample, reason: DropReason) -> DropLabels {
+fn labels_with_reason(c: &ClassStatus, reason: DropReason) -> DropLabels {
     DropLabels { class: labels(c), reason }
 }
 
@@ -358,10 +331,10 @@ struct DelayHistogram {
 
 impl DelayHistogram {
     #[expect(clippy::cast_precision_loss, reason = "ns totals below 2^53 (104 days of added delay) are exact")]
-    fn of(c: &ClassSample) -> Self {
+    fn of(c: &ClassStatus) -> Self {
         let buckets = std::array::from_fn(|i| {
             let bound = if i + 1 < DELAY_BUCKETS { (DELAY_BUCKET_BASE_NS << i) as f64 / 1e9 } else { f64::INFINITY };
-            (bound, c.delay_buckets[i])
+            (bound, c.delay_buckets.get(i).copied().unwrap_or(0))
         });
         // Prometheus requires `_count` to equal the `+Inf` bucket, so it is the sum of the buckets
         // rather than `packets`, which the datapath updates separately.
@@ -506,44 +479,43 @@ mod tests {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
     use super::*;
+    use crate::rate::Rate;
 
     /// A leaf with traffic and its parent, an inner class.
     fn snapshot() -> Snapshot {
-        let mut delay_buckets = [0; DELAY_BUCKETS];
+        let mut delay_buckets = vec![0; DELAY_BUCKETS];
         delay_buckets[0] = 90;
         delay_buckets[3] = 7;
         delay_buckets[DELAY_BUCKETS - 1] = 3;
-        let leaf = ClassSample {
+        let leaf = ClassStatus {
             interface: "lan0".into(),
-            class: "alex".into(),
+            name: "alex".into(),
             leaf: true,
             bytes: 150_000,
             packets: 100,
-            drops_horizon_packets: 2,
+            drops_horizon: 2,
             drops_horizon_bytes: 3000,
-            drops_aqm_packets: 5,
+            drops_aqm: 5,
             drops_aqm_bytes: 7500,
-            drops_share_packets: 0,
-            drops_share_bytes: 0,
             ecn_marks: 11,
-            rate_bps: 2_000_000,
-            ceil_bps: 10_000_000,
-            allocated_bps: 4_000_004,
-            pacing_bps: 3_000_000,
+            rate: Rate::from_bits_per_sec(2_000_000),
+            ceil: Rate::from_bits_per_sec(10_000_000),
+            allocation: Rate::from_bits_per_sec(4_000_004),
+            pacing_rate: Rate::from_bits_per_sec(3_000_000),
             delay_buckets,
             delay_ns_total: 2_500_000_000,
+            ..ClassStatus::default()
         };
-        let inner = ClassSample {
+        let inner = ClassStatus {
             interface: "lan0".into(),
-            class: "home".into(),
+            name: "home".into(),
             leaf: false,
-            rate_bps: 8_000_000,
-            ceil_bps: 100_000_000,
-            allocated_bps: 50_000_000,
-            pacing_bps: 0,
-            ..ClassSample::default()
+            rate: Rate::from_bits_per_sec(8_000_000),
+            ceil: Rate::from_bits_per_sec(100_000_000),
+            allocation: Rate::from_bits_per_sec(50_000_000),
+            ..ClassStatus::default()
         };
-        Snapshot { generation: 7, classes: vec![leaf, inner] }
+        Snapshot { generation: 7, classes: vec![leaf, inner], ..Snapshot::default() }
     }
 
     /// The value of the sample `name{labels}` (labels as written, in order), if any.
@@ -568,12 +540,12 @@ mod tests {
             (format!("shaper_class_ecn_marks_total{{{leaf}}}"), "11"),
             (format!("shaper_class_rate_bytes_per_second{{{leaf}}}"), "250000.0"),
             (format!("shaper_class_ceil_bytes_per_second{{{leaf}}}"), "1250000.0"),
-            (format!("shaper_class_allocated_bytes_per_second{{{leaf}}}"), "500000.5"),
-            (format!("shaper_class_pacing_bytes_per_second{{{leaf}}}"), "375000.0"),
+            (format!("shaper_class_allocation_bytes_per_second{{{leaf}}}"), "500000.5"),
+            (format!("shaper_class_pacing_rate_bytes_per_second{{{leaf}}}"), "375000.0"),
             (format!("shaper_class_rate_bytes_per_second{{{inner}}}"), "1000000.0"),
             (format!("shaper_class_ceil_bytes_per_second{{{inner}}}"), "12500000.0"),
-            (format!("shaper_class_allocated_bytes_per_second{{{inner}}}"), "6250000.0"),
-            (format!("shaper_class_pacing_bytes_per_second{{{inner}}}"), "0.0"),
+            (format!("shaper_class_allocation_bytes_per_second{{{inner}}}"), "6250000.0"),
+            (format!("shaper_class_pacing_rate_bytes_per_second{{{inner}}}"), "0.0"),
             (format!("shaper_class_added_delay_seconds_sum{{{leaf}}}"), "2.5"),
             (format!("shaper_class_added_delay_seconds_count{{{leaf}}}"), "100"),
             ("shaper_config_generation".to_owned(), "7"),
@@ -588,7 +560,7 @@ mod tests {
             "# TYPE shaper_class_bytes counter",
             "# TYPE shaper_class_drops counter",
             "# TYPE shaper_class_added_delay_seconds histogram",
-            "# TYPE shaper_class_pacing_bytes_per_second gauge",
+            "# TYPE shaper_class_pacing_rate_bytes_per_second gauge",
             "# TYPE shaper_config_generation gauge",
             "# TYPE shaper_allocator_tick_duration_seconds histogram",
         ] {
@@ -643,7 +615,7 @@ mod tests {
     #[test]
     fn label_values_are_escaped() {
         let mut s = snapshot();
-        s.classes[0].class = r#"a"b\c"#.into();
+        s.classes[0].name = r#"a"b\c"#.into();
         let text = Metrics::new().encode(s);
         assert!(text.contains(r#"class="a\"b\\c""#), "{text}");
     }

@@ -53,7 +53,7 @@ pub const WAKE_BUDGET: usize = 4096;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rates {
     /// The allocator's share, as the link is handed on (inner nodes: their children's sum).
-    pub allocated: Vec<u64>,
+    pub allocation: Vec<u64>,
     /// The rate each leaf is paced at (inner nodes: their allocation).
     pub pacing: Vec<u64>,
     /// Whether each leaf is quiet: paced at its wake rate, behind the link clock
@@ -104,7 +104,7 @@ impl Pacer {
             pacing[i] = rate.max(tree.nodes[i].rate);
             self.settler.paced_at(i, pacing[i]);
         }
-        Rates { allocated, pacing, quiet }
+        Rates { allocation: allocated, pacing, quiet }
     }
 
     /// Each node's allocation, plus what is left of the link over the leaves' allocations
@@ -309,7 +309,7 @@ mod tests {
         let mut p = Pacer::default();
         let r = tick(&mut p, &tree, &[0, u64::MAX, 20_000], &[false, true, false], &[0, 10 * MS, 0], 0);
         // The guest is allocated what it sends, and paced at what it would be given greedy.
-        assert_eq!((r.allocated[1], r.allocated[2]), (10 * MBIT - 20_000, 20_000));
+        assert_eq!((r.allocation[1], r.allocation[2]), (10 * MBIT - 20_000, 20_000));
         assert_eq!((r.pacing[1], r.pacing[2]), (10 * MBIT - 20_000, 8_100_000));
         // It starts a transfer: it keeps that rate while alex's queue drains, and alex is
         // moved down at once.
@@ -336,7 +336,7 @@ mod tests {
         // Class 1 streams 2 mbit/s; class 2 is limited and wants 3 for now (a TCP flow
         // growing back after it halved its window): it may send the 5 nobody was given.
         let r = tick(&mut p, &tree, &[0, 2 * MBIT, 3 * MBIT], &[false, false, true], &[0, 0, 10 * MS], 0);
-        assert_eq!((r.allocated[1], r.allocated[2]), (2 * MBIT, 3 * MBIT));
+        assert_eq!((r.allocation[1], r.allocation[2]), (2 * MBIT, 3 * MBIT));
         assert_eq!((r.pacing[1], r.pacing[2]), (5 * MBIT, 8 * MBIT));
         // Nothing is lent beyond what the link has: all of it is allocated.
         let r = tick(&mut p, &tree, &[0, 2 * MBIT, u64::MAX], &[false, false, true], &[0, 0, 10 * MS], 10 * MS);

@@ -15,7 +15,10 @@ use std::{
 };
 
 use serde_json::Value;
-use shaper::metrics::{ClassSample, Metrics, Snapshot};
+use shaper::{
+    api::ClassStatus,
+    metrics::{Metrics, Snapshot},
+};
 
 /// Every metric shaperd exports, as Prometheus sees it (counters end in `_total`). Rates are in
 /// bytes per second (Prometheus base units); the dashboard multiplies them by 8. The test
@@ -26,10 +29,10 @@ const METRICS: &[&str] = &[
     "shaper_class_drops_total",
     "shaper_class_dropped_bytes_total",
     "shaper_class_ecn_marks_total",
-    "shaper_class_allocated_bytes_per_second",
+    "shaper_class_allocation_bytes_per_second",
     "shaper_class_rate_bytes_per_second",
     "shaper_class_ceil_bytes_per_second",
-    "shaper_class_pacing_bytes_per_second",
+    "shaper_class_pacing_rate_bytes_per_second",
     "shaper_class_added_delay_seconds",
     "shaper_allocator_tick_duration_seconds",
     "shaper_config_generation",
@@ -362,8 +365,8 @@ fn dashboard_charts_exactly_the_exported_metrics() {
 /// The metric families and label names of a scrape of shaperd, from its own encoder, fed one
 /// leaf class (families without samples are left out of a scrape).
 fn exposition() -> (BTreeSet<String>, BTreeSet<String>) {
-    let leaf = ClassSample { interface: "lan0".into(), class: "alex".into(), leaf: true, ..ClassSample::default() };
-    let text = Metrics::new().encode(Snapshot { generation: 1, classes: vec![leaf] });
+    let leaf = ClassStatus { interface: "lan0".into(), name: "alex".into(), leaf: true, ..ClassStatus::default() };
+    let text = Metrics::new().encode(Snapshot { generation: 1, classes: vec![leaf], ..Snapshot::default() });
     let mut families = BTreeSet::new();
     let mut labels = BTreeSet::new();
     for line in text.lines() {

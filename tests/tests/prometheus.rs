@@ -13,7 +13,11 @@ use std::{
 };
 
 use serde_json::Value;
-use shaper::metrics::{serve, ClassSample, Metrics, Snapshot};
+use shaper::{
+    api::ClassStatus,
+    metrics::{serve, Metrics, Snapshot},
+    rate::Rate,
+};
 use shaper_common::DELAY_BUCKETS;
 use shaper_tests::prometheus::Prometheus;
 
@@ -96,33 +100,33 @@ fn prometheus_scrapes_a_counter_and_computes_its_rate() {
 fn snapshot(elapsed: Duration) -> Snapshot {
     let bytes = u64::try_from(elapsed.as_millis()).expect("test runs for less than 500 million years");
     let packets = bytes / 100;
-    let mut delay_buckets = [0; DELAY_BUCKETS];
+    let mut delay_buckets = vec![0; DELAY_BUCKETS];
     // Half without delay, half delayed by 0.5-1 ms (bucket 3).
     delay_buckets[0] = packets - packets / 2;
     delay_buckets[3] = packets / 2;
-    let leaf = ClassSample {
+    let leaf = ClassStatus {
         interface: "lan0".into(),
-        class: "alex".into(),
+        name: "alex".into(),
         leaf: true,
         bytes,
         packets,
-        rate_bps: 8000,
-        ceil_bps: 80_000,
-        allocated_bps: 16_000,
-        pacing_bps: 16_000,
+        rate: Rate::from_bits_per_sec(8000),
+        ceil: Rate::from_bits_per_sec(80_000),
+        allocation: Rate::from_bits_per_sec(16_000),
+        pacing_rate: Rate::from_bits_per_sec(16_000),
         delay_buckets,
         delay_ns_total: packets / 2 * 750_000,
-        ..ClassSample::default()
+        ..ClassStatus::default()
     };
-    let inner = ClassSample {
+    let inner = ClassStatus {
         interface: "lan0".into(),
-        class: "home".into(),
-        rate_bps: 80_000,
-        ceil_bps: 800_000,
-        allocated_bps: 80_000,
-        ..ClassSample::default()
+        name: "home".into(),
+        rate: Rate::from_bits_per_sec(80_000),
+        ceil: Rate::from_bits_per_sec(800_000),
+        allocation: Rate::from_bits_per_sec(80_000),
+        ..ClassStatus::default()
     };
-    Snapshot { generation: 7, classes: vec![leaf, inner] }
+    Snapshot { generation: 7, classes: vec![leaf, inner], ..Snapshot::default() }
 }
 
 #[test]

@@ -628,7 +628,7 @@ fn allocations(classes: &serde_json::Value) -> std::collections::HashMap<String,
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| (c["name"].as_str().unwrap().to_owned(), c["current_rate"].as_f64().unwrap()))
+        .map(|c| (c["name"].as_str().unwrap().to_owned(), c["pacing_rate"].as_f64().unwrap()))
         .collect()
 }
 

@@ -190,7 +190,7 @@ fn render_status(status: &Status) -> String {
             rate_cell(c.rate),
             rate_cell(c.ceil),
             // A `+` marks a class held back by its rate: it is offered any spare bandwidth.
-            format!("{}{}", rate_cell(c.allocated), if c.limited { "+" } else { "" }),
+            format!("{}{}", rate_cell(c.allocation), if c.limited { "+" } else { "" }),
             measured,
             c.bytes
         );

@@ -113,9 +113,9 @@ impl Installed {
                 if previous.iter().any(|&(n, _)| n == class.name) {
                     // Go on at the rate the class was paced at, not back to its guarantee.
                     let paced = Rate::from_bits_per_sec(datapath.class_config(id)?.rate_bytes.saturating_mul(8));
-                    entry.current = paced.max(class.rate).min(class.ceil);
+                    entry.pacing_rate = paced.max(class.rate).min(class.ceil);
                 }
-                datapath.set_class(id, class_config(class, entry.current, entry.share, entry.quiet))?;
+                datapath.set_class(id, class_config(class, entry.pacing_rate, entry.share, entry.quiet))?;
             }
             classes.push(entry);
         }

@@ -22,7 +22,6 @@ use crate::{
     bpf::{BpfError, Datapath},
     config::{Class, Config, Isolation},
     demand::{self, Counters, Estimator, Observation},
-    metrics::{ClassSample, Snapshot},
     pacing::{self, Pacer},
     rate::Rate,
     tree::Tree,
@@ -39,9 +38,9 @@ pub(super) struct ClassEntry {
     /// Whether the class has no children (only leaves carry traffic and are paced).
     pub(super) leaf: bool,
     /// The rate the datapath paces the class at.
-    pub(super) current: Rate,
+    pub(super) pacing_rate: Rate,
     /// The allocator's last share for the class (inner classes: their children's sum).
-    allocated: Rate,
+    allocation: Rate,
     /// The demand estimator fed by the class's counters.
     estimator: Estimator,
     /// The offered rate the estimator last read.
@@ -66,8 +65,8 @@ impl ClassEntry {
         Self {
             id,
             leaf,
-            current: if leaf { rate } else { Rate::ZERO },
-            allocated: Rate::ZERO,
+            pacing_rate: if leaf { rate } else { Rate::ZERO },
+            allocation: Rate::ZERO,
             estimator: Estimator::new(),
             throughput: Rate::ZERO,
             quiet: false,
@@ -81,7 +80,7 @@ impl ClassEntry {
     /// The same class in a new configuration that guarantees it `rate`: its id, estimator and
     /// counters carry on, and it is paced at no less than `rate`.
     pub(super) fn carried_over(&self, rate: Rate) -> Self {
-        Self { current: self.current.max(rate), ..self.clone() }
+        Self { pacing_rate: self.pacing_rate.max(rate), ..self.clone() }
     }
 
     /// Records the class's delay histogram, keeping one second of history.
@@ -262,7 +261,7 @@ impl State {
                         idle_packets: stats.idle_packets,
                     },
                     backlog_ns: backlog,
-                    pacing: entry.current.bits_per_sec(),
+                    pacing: entry.pacing_rate.bits_per_sec(),
                 });
                 entry.throughput = Rate::from_bits_per_sec(estimate.offered);
                 entry.limited = estimate.limited;
@@ -286,7 +285,7 @@ impl State {
             for (node, class) in t.classes.iter().enumerate() {
                 let Some(c) = *class else { continue };
                 let entry = &mut self.classes[c];
-                entry.allocated = Rate::from_bits_per_sec(rates.allocated[node]);
+                entry.allocation = Rate::from_bits_per_sec(rates.allocation[node]);
                 if !entry.leaf {
                     continue;
                 }
@@ -296,12 +295,13 @@ impl State {
                 let share = demand::fair_share(pacing.bits_per_sec(), entry.limited, under, over, near, entry.share);
                 let quiet = rates.quiet[node];
                 // Rewritten when the rate or quietness changes, or the share by more than 1/32.
-                if pacing != entry.current || quiet != entry.quiet || share.abs_diff(entry.share) > entry.share / 32 {
+                if pacing != entry.pacing_rate || quiet != entry.quiet || share.abs_diff(entry.share) > entry.share / 32
+                {
                     self.datapath.set_class(entry.id, class_config(spec, pacing, share, quiet))?;
-                    if pacing != entry.current {
-                        debug!(class = %spec.name, from = %entry.current, to = %pacing, "rate");
+                    if pacing != entry.pacing_rate {
+                        debug!(class = %spec.name, from = %entry.pacing_rate, to = %pacing, "rate");
                     }
-                    entry.current = pacing;
+                    entry.pacing_rate = pacing;
                     entry.share = share;
                     entry.quiet = quiet;
                 }
@@ -313,72 +313,66 @@ impl State {
 
     /// Every class's counters and rates, for a Prometheus scrape. A class whose counters
     /// cannot be read is left out (and logged) rather than failing the whole scrape.
-    pub(super) fn snapshot(&self) -> Snapshot {
-        let mut classes = Vec::with_capacity(self.classes.len());
-        for (class, entry) in self.config.classes.iter().zip(&self.classes) {
-            let s = match self.datapath.class_stats(entry.id) {
-                Ok(s) => s,
-                Err(e) => {
-                    warn!(class = %class.name, error = %e, "reading counters for a scrape");
-                    continue;
-                }
-            };
-            classes.push(ClassSample {
-                interface: class.interface.clone(),
-                class: class.name.clone(),
-                leaf: entry.leaf,
-                bytes: s.bytes,
-                packets: s.packets,
-                drops_horizon_packets: s.drop_horizon_packets,
-                drops_horizon_bytes: s.drop_horizon_bytes,
-                drops_aqm_packets: s.drop_aqm_packets,
-                drops_aqm_bytes: s.drop_aqm_bytes,
-                drops_share_packets: s.drop_share_packets,
-                drops_share_bytes: s.drop_share_bytes,
-                ecn_marks: s.ecn_marked_packets,
-                rate_bps: class.rate.bits_per_sec(),
-                ceil_bps: class.ceil.bits_per_sec(),
-                allocated_bps: entry.allocated.bits_per_sec(),
-                pacing_bps: if entry.leaf { entry.current.bits_per_sec() } else { 0 },
-                delay_buckets: s.delay_hist,
-                delay_ns_total: s.delay_ns_total,
-            });
-        }
-        Snapshot { generation: self.generation, classes }
+    pub(super) fn snapshot(&self) -> Status {
+        let classes = self
+            .config
+            .classes
+            .iter()
+            .zip(&self.classes)
+            .filter_map(|(class, entry)| {
+                self.class_status(class, entry)
+                    .map_err(|e| warn!(class = %class.name, error = %e, "reading counters for a scrape"))
+                    .ok()
+            })
+            .collect();
+        Status { config: self.config.path.clone(), generation: self.generation, classes }
     }
 
     /// The reply to `shaperctl status`: every class's settings, rates and counters.
     pub(super) fn status(&self) -> Result<Status, ApiError> {
-        let mut out = Vec::new();
-        for (class, entry) in self.config.classes.iter().zip(&self.classes) {
-            let s = self.datapath.class_stats(entry.id).map_err(|e| ApiError::Internal { message: format!("{e}") })?;
-            let drops = s.drop_horizon_packets + s.drop_aqm_packets + s.drop_share_packets;
-            out.push(ClassStatus {
-                name: class.name.clone(),
-                interface: class.interface.clone(),
-                parent: class.parent.clone(),
-                leaf: entry.leaf,
-                rate: class.rate,
-                ceil: class.ceil,
-                prio: class.prio,
-                current_rate: entry.current,
-                allocated: entry.allocated,
-                throughput: entry.throughput,
-                bytes: s.bytes,
-                packets: s.packets,
-                drops,
-                drops_horizon: s.drop_horizon_packets,
-                drops_aqm: s.drop_aqm_packets,
-                drops_share: s.drop_share_packets,
-                share: entry.share,
-                ecn_marks: s.ecn_marked_packets,
-                sparse_packets: s.sparse_packets,
-                limited: entry.limited,
-                delayed_packets: s.delayed_packets,
-                mean_delay_us: s.delay_ns_total.checked_div(s.delayed_packets).unwrap_or(0) / 1000,
-                p99_delay_us: entry.p99_delay_us(),
-            });
-        }
-        Ok(Status { config: self.config.path.clone(), generation: self.generation, classes: out })
+        let classes = self
+            .config
+            .classes
+            .iter()
+            .zip(&self.classes)
+            .map(|(class, entry)| self.class_status(class, entry))
+            .collect::<Result<_, _>>()
+            .map_err(|e| ApiError::Internal { message: format!("{e}") })?;
+        Ok(Status { config: self.config.path.clone(), generation: self.generation, classes })
+    }
+
+    /// One class as `status` and `/metrics` report it.
+    fn class_status(&self, class: &Class, entry: &ClassEntry) -> Result<ClassStatus, BpfError> {
+        let s = self.datapath.class_stats(entry.id)?;
+        Ok(ClassStatus {
+            name: class.name.clone(),
+            interface: class.interface.clone(),
+            parent: class.parent.clone(),
+            leaf: entry.leaf,
+            rate: class.rate,
+            ceil: class.ceil,
+            prio: class.prio,
+            pacing_rate: if entry.leaf { entry.pacing_rate } else { Rate::ZERO },
+            allocation: entry.allocation,
+            throughput: entry.throughput,
+            bytes: s.bytes,
+            packets: s.packets,
+            drops: s.drop_horizon_packets + s.drop_aqm_packets + s.drop_share_packets,
+            drops_horizon: s.drop_horizon_packets,
+            drops_horizon_bytes: s.drop_horizon_bytes,
+            drops_aqm: s.drop_aqm_packets,
+            drops_aqm_bytes: s.drop_aqm_bytes,
+            drops_share: s.drop_share_packets,
+            drops_share_bytes: s.drop_share_bytes,
+            share: entry.share,
+            ecn_marks: s.ecn_marked_packets,
+            sparse_packets: s.sparse_packets,
+            limited: entry.limited,
+            delayed_packets: s.delayed_packets,
+            mean_delay_us: s.delay_ns_total.checked_div(s.delayed_packets).unwrap_or(0) / 1000,
+            p99_delay_us: entry.p99_delay_us(),
+            delay_buckets: if entry.leaf { s.delay_hist.to_vec() } else { Vec::new() },
+            delay_ns_total: s.delay_ns_total,
+        })
     }
 }

@@ -510,7 +510,7 @@ fn quantile(v: &[f64], q: f64) -> f64 {
     v[rank - 1]
 }
 
-/// Each named class's pacing rate (`current_rate`, bit/s), sampled every 100 ms over the
+/// Each named class's pacing rate (`pacing_rate`, bit/s), sampled every 100 ms over the
 /// steady part.
 fn sample_pacing(topo: &Topology, start: f64, classes: &[&str]) -> HashMap<String, Vec<f64>> {
     let mut series: HashMap<String, Vec<f64>> = HashMap::new();
@@ -521,7 +521,7 @@ fn sample_pacing(topo: &Topology, start: f64, classes: &[&str]) -> HashMap<Strin
         for c in status.as_array().expect("classes") {
             let name = c["name"].as_str().expect("a name");
             if classes.contains(&name) {
-                series.entry(name.to_owned()).or_default().push(c["current_rate"].as_f64().expect("current_rate"));
+                series.entry(name.to_owned()).or_default().push(c["pacing_rate"].as_f64().expect("pacing_rate"));
             }
         }
         t += 0.1;
