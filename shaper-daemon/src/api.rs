@@ -8,17 +8,29 @@
 //!
 //! ```text
 //! → {"cmd":"status"}
-//! ← {"Ok":{"status":{"classes":[{"name":"alex","interface":"lan0",...}]}}}
+//! ← {"Ok":{"status":{"config":"/etc/shaper/shaper.toml","generation":2,"classes":[
+//!     {"name":"alex","interface":"lan0","parent":null,"leaf":true,"rate":1900000,
+//!      "ceil":10000000,"prio":1,"pacing_rate":3960000,"allocation":3880000,
+//!      "throughput":3950000,"limited":true,"bytes":48211040,"packets":31843,"drops":12,
+//!      "drops_horizon":0,"drops_horizon_bytes":0,"drops_aqm":12,"drops_aqm_bytes":18168,
+//!      "drops_share":0,"drops_share_bytes":0,"share":3960000,"ecn_marks":220,
+//!      "sparse_packets":41,"delayed_packets":30012,"mean_delay_us":4100,"p99_delay_us":16000,
+//!      "delay_buckets":[1831,412,807,1950,6120,11022,7400,2301,0,0,0,0,0,0,0,0],
+//!      "delay_ns_total":123049200000}]}}}
 //! → {"cmd":"set-rate","class":"alex","rate":"2mbit"}
-//! ← {"Ok":{"applied":{"class":"alex","rate":2000000}}}
+//! ← {"Ok":{"changed":{"generation":3,"changes":["class alex: rate 1.9mbit -> 2mbit"]}}}
 //! → {"cmd":"set-rate","class":"nobody","rate":"2mbit"}
-//! ← {"Err":{"kind":"unknown-class","message":"no class named `nobody`; classes: alex, betty"}}
-//! → {"cmd":"set-ceil","class":"alex","ceil":"8mbit"}
+//! ← {"Err":{"kind":"unknown-class","message":"/etc/shaper/shaper.toml: no class named `nobody`; classes: alex, betty"}}
+//! → {"cmd":"set-ceil","class":"alex","ceil":8000000}
+//! ← {"Ok":{"changed":{"generation":4,"changes":["class alex: ceil 10mbit -> 8mbit"]}}}
 //! → {"cmd":"set-prio","class":"alex","prio":0}
-//! ← {"Ok":{"changed":{"generation":3,"changes":["class alex: prio 1 -> 0"]}}}
+//! ← {"Ok":{"changed":{"generation":5,"changes":["class alex: prio 1 -> 0"]}}}
 //! → {"cmd":"reload"}
-//! ← {"Ok":{"changed":{"generation":4,"changes":["class carl: added", ...]}}}
+//! ← {"Ok":{"changed":{"generation":6,"changes":["class carl: added (rate 1mbit, ceil 10mbit, prio 0)"]}}}
 //! ```
+//!
+//! (A message is one line on the socket; the status reply is folded here. The unit test
+//! `protocol_examples_are_what_the_types_read_and_write` checks every example above.)
 //!
 //! | `cmd` | fields | does |
 //! |---|---|---|
@@ -390,7 +402,61 @@ impl fmt::Display for ClassStatus {
 
 #[cfg(test)]
 mod tests {
+    use shaper_common::DELAY_BUCKETS;
+
     use super::*;
+
+    /// The examples of the module documentation: each message (`→` request, `←` reply), its
+    /// folded lines joined.
+    fn protocol_examples() -> Vec<(char, String)> {
+        let source = include_str!("api.rs");
+        let mut out: Vec<(char, String)> = Vec::new();
+        let mut in_block = false;
+        for line in source.lines().filter_map(|l| l.strip_prefix("//!")) {
+            let line = line.trim_start();
+            if line.starts_with("```") {
+                if in_block {
+                    break;
+                }
+                in_block = line == "```text";
+                continue;
+            }
+            if !in_block {
+                continue;
+            }
+            match line.chars().next() {
+                Some(arrow @ ('→' | '←')) => out.push((arrow, line[arrow.len_utf8()..].trim().to_owned())),
+                _ => out.last_mut().expect("a folded line follows a message").1.push_str(line),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn protocol_examples_are_what_the_types_read_and_write() {
+        let examples = protocol_examples();
+        assert_eq!(examples.iter().filter(|(a, _)| *a == '→').count(), 6, "{examples:?}");
+        assert_eq!(examples.iter().filter(|(a, _)| *a == '←').count(), 6, "{examples:?}");
+        for (arrow, text) in &examples {
+            let value: serde_json::Value =
+                serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+            if *arrow == '→' {
+                let request: Request = serde_json::from_value(value).unwrap_or_else(|e| panic!("{e}: {text}"));
+                // A request reads back as itself (rates as integers).
+                let again = serde_json::to_string(&request).unwrap();
+                assert_eq!(serde_json::from_str::<Request>(&again).unwrap(), request);
+            } else {
+                // A reply is exactly what the daemon writes: every field, in its spelling.
+                let reply: Reply = serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{e}: {text}"));
+                assert_eq!(serde_json::to_value(&reply).unwrap(), value, "{text}");
+            }
+        }
+        let status = examples.iter().find_map(|(_, t)| serde_json::from_str::<Reply>(t).ok()?.ok());
+        match status {
+            Some(Response::Status(s)) => assert_eq!(s.classes[0].delay_buckets.len(), DELAY_BUCKETS),
+            other => panic!("the first reply is a status: {other:?}"),
+        }
+    }
 
     #[test]
     fn requests_round_trip_and_accept_both_rate_spellings() {
