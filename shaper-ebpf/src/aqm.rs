@@ -30,7 +30,7 @@ const INV_SQRT: [u32; 1024] = {
         let mut lo = 0u64;
         let mut hi = 1u64 << 32;
         while lo < hi {
-            let mid = (lo + hi + 1) / 2;
+            let mid = (lo + hi).div_ceil(2);
             if mid * mid <= target {
                 lo = mid;
             } else {

@@ -8,6 +8,10 @@
 #![no_main]
 #![feature(core_intrinsics)]
 #![allow(internal_features)]
+// The map methods take `impl Borrow<K>`: passing a key by value instead of by reference
+// changes the stack slots and instructions LLVM emits, and this program's code is the one
+// verified to fit the kernel's limits (Linux 6.1's instruction count and stack frames).
+#![expect(clippy::needless_borrows_for_generic_args, reason = "keeps the generated BPF code as verified")]
 
 mod aqm;
 mod classify;
@@ -23,8 +27,9 @@ use aya_ebpf::{
 };
 use shaper_common::{
     delay_bucket, frames_ns, ClassConfig, ClassState, ClassStats, Globals, HostKey, HostState, IfaceConfig, RuleKey,
-    RuleTarget, Tuple, CLASS_QUIET, FLOW_SLOTS, HOST_SLOTS, IFACE_DOWNLOAD, IFACE_L3, ISOLATE_FLOW, ISOLATE_NONE, MAX_CLASSES,
-    MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS, RULE_BANKS, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
+    RuleTarget, Tuple, CLASS_QUIET, FLOW_SLOTS, HOST_SLOTS, IFACE_DOWNLOAD, IFACE_L3, ISOLATE_FLOW, ISOLATE_NONE,
+    MAX_CLASSES, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS, RULE_BANKS, SPARSE_MAX_QUEUE_FRAMES,
+    SPARSE_SHARE,
 };
 
 #[map]
@@ -320,9 +325,7 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
             t0
         };
     // SAFETY: `state` points into an array map value that lives as long as the map.
-    let edt::Verdict::Send { depart, idle } =
-        (unsafe { edt::take_slot(next, cost, start, now, config) })
-    else {
+    let edt::Verdict::Send { depart, idle } = (unsafe { edt::take_slot(next, cost, start, now, config) }) else {
         link.give_back();
         return horizon_drop(stats, bytes, segs);
     };

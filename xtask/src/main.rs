@@ -2,11 +2,14 @@
 //!
 //! - [`setup`]: installs the toolchain, VM and test tools on Debian/Ubuntu (root);
 //! - [`vm`]: boots a Debian kernel that has `sch_fq` under QEMU (virtme-ng) and runs commands in it;
-//! - [`test`]: every check CI runs, host and VM, with a summary;
+//! - [`test`]: every check CI runs, host and VM, with a summary; its static checks are in
+//!   [`lint`] (fmt, clippy) and [`deps`] (unused dependencies, cargo-deny);
 //! - [`demo`], [`bench`]: the shaping demo and the benchmarks.
 
 mod bench;
 mod demo;
+mod deps;
+mod lint;
 mod setup;
 mod test;
 mod util;
@@ -29,7 +32,7 @@ enum Command {
     Setup,
     /// Run a command as root in the test VM (a kernel with the fq qdisc); print its output and exit code.
     Vm(vm::VmArgs),
-    /// Run every check: setup, fmt, clippy, host tests, VM tests; exits non-zero if any failed.
+    /// Run every check: setup, fmt, clippy, dependencies, host tests, VM tests; exits non-zero if any failed.
     Test(test::TestArgs),
     /// Run the shaping demo.
     Demo(demo::DemoArgs),

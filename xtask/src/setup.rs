@@ -1,10 +1,11 @@
 //! `cargo xtask setup`: installs, idempotently, everything the project needs on Debian/Ubuntu.
 //!
-//! Three layers, each checked before anything is installed (so a second run only checks):
-//! 1. apt packages: Debian's Rust 1.96 with a prebuilt `core` for `bpfel-unknown-none`, LLVM 22
-//!    (for bpf-linker), QEMU and the tools the tests run (iperf3, ping, tc);
+//! Four layers, each checked before anything is installed (so a second run only checks):
+//! 1. apt packages: Debian's Rust 1.96 with a prebuilt `core` for `bpfel-unknown-none` and its
+//!    clippy, LLVM 22 (for bpf-linker), QEMU and the tools the tests run (iperf3, ping, tc);
 //! 2. `bpf-linker`, built against Debian's LLVM 22 (which matches rustc-web's LLVM);
-//! 3. the VM: a Debian kernel with `sch_fq` and virtme-ng (see [`crate::vm`]).
+//! 3. the cargo subcommands of the dependency checks: cargo-machete and cargo-deny;
+//! 4. the VM: a Debian kernel with `sch_fq` and virtme-ng (see [`crate::vm`]).
 //!
 //! The recipe and why each piece is needed: `../shared/KERNEL-AND-TOOLCHAIN.md`.
 
@@ -19,6 +20,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "rustc-web",
     "cargo-web",
     "libstd-rust-web-dev-bpf",
+    // Clippy for that rustc: the clippy stage lints the tc program for the BPF target with it.
+    "rust-web-clippy",
     "llvm-22-dev",
     "libpolly-22-dev",
     "clang-22",
@@ -46,10 +49,28 @@ const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 /// 1.96); pinned so that a later release wanting another LLVM cannot break a fresh setup.
 const BPF_LINKER: &str = "bpf-linker@0.13.0";
 
-/// Installs everything: apt packages, bpf-linker, the VM kernel and virtme-ng.
+/// A cargo subcommand installed from crates.io with `cargo install --locked`.
+pub struct CargoTool {
+    /// The crate, which is also the name of the program.
+    pub name: &'static str,
+    /// Pinned, so that a fresh setup gets the release these checks were written against (a
+    /// later one may want a newer Rust, or read `deny.toml` differently).
+    pub version: &'static str,
+}
+
+/// Finds unused dependencies (the `dependencies` stage of `cargo xtask test`).
+pub const CARGO_MACHETE: CargoTool = CargoTool { name: "cargo-machete", version: "0.9.2" };
+/// Checks the dependency trees' licences, bans, sources and advisories against `deny.toml`.
+pub const CARGO_DENY: CargoTool = CargoTool { name: "cargo-deny", version: "0.20.2" };
+
+/// Installs everything: apt packages, bpf-linker, cargo-machete, cargo-deny, the VM kernel and
+/// virtme-ng.
 pub fn ensure_all() -> anyhow::Result<()> {
     ensure_apt_packages(APT_PACKAGES)?;
     ensure_bpf_linker()?;
+    for tool in [CARGO_MACHETE, CARGO_DENY] {
+        ensure_cargo_tool(&tool)?;
+    }
     let vm = crate::vm::ensure_vm()?;
     eprintln!(
         "setup: everything is in place; VM kernel {} (package {}), {}",
@@ -129,11 +150,60 @@ pub fn ensure_bpf_linker() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Installs `tool` with `cargo install --locked` unless its pinned version is already there.
+pub fn ensure_cargo_tool(tool: &CargoTool) -> anyhow::Result<()> {
+    let CargoTool { name, version } = tool;
+    let installed = util::find_program(name).map(|path| (installed_version(&path), path));
+    match &installed {
+        Some((Some(found), path)) if found == version => {
+            eprintln!("setup: {name} {version} already there ({})", path.display());
+            return Ok(());
+        }
+        Some((found, path)) => eprintln!(
+            "setup: {} is {}, not {version}: installing {version}",
+            path.display(),
+            found.as_deref().unwrap_or("of an unknown version")
+        ),
+        None => eprintln!("setup: building {name} {version}"),
+    }
+    let spec = format!("{name}@{version}");
+    let mut cmd = util::command(util::cargo(), &["install", "--locked", &spec]);
+    cmd.env("PATH", util::path_with_cargo_bin());
+    util::run(&mut cmd)?;
+    let path = util::find_program(name)
+        .with_context(|| format!("`cargo install {spec}` succeeded but {name} is not on PATH or in ~/.cargo/bin"))?;
+    eprintln!("setup: installed {name} {version} ({})", path.display());
+    Ok(())
+}
+
+/// The version a program prints for `--version`: the last word of its first line
+/// (`cargo-deny 0.20.2`, or `0.9.2` alone for cargo-machete).
+fn installed_version(program: &std::path::Path) -> Option<String> {
+    let out = Command::new(program).arg("--version").output().ok().filter(|out| out.status.success())?;
+    version_word(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn version_word(version_output: &str) -> Option<String> {
+    version_output.lines().next()?.split_whitespace().last().map(str::to_owned)
+}
+
 /// Fails with a clear message unless we are root; `what` says what needed it.
 pub fn require_root(what: &str) -> anyhow::Result<()> {
     if util::is_root() {
         Ok(())
     } else {
         bail!("need root to {what}: run `cargo xtask setup` as root (e.g. with sudo -E)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::version_word;
+
+    #[test]
+    fn version_output() {
+        assert_eq!(version_word("cargo-deny 0.20.2\n").as_deref(), Some("0.20.2"));
+        assert_eq!(version_word("0.9.2\n").as_deref(), Some("0.9.2"));
+        assert_eq!(version_word(""), None);
     }
 }

@@ -1,8 +1,9 @@
-//! Helpers shared by the subcommands: where the workspace is, running commands, shell quoting.
+//! Helpers shared by the subcommands: where the workspace is, running and stopping commands,
+//! shell quoting.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 
 use anyhow::{bail, Context as _};
 
@@ -30,6 +31,14 @@ pub fn target_dir() -> PathBuf {
 /// The cargo that runs us (cargo sets `CARGO` for `cargo run`), so host builds use one toolchain.
 pub fn cargo() -> PathBuf {
     std::env::var_os("CARGO").map_or_else(|| PathBuf::from("cargo"), PathBuf::from)
+}
+
+/// A command of the cargo that runs us, at the workspace root, with `~/.cargo/bin` on `PATH`
+/// (where bpf-linker and the cargo subcommands that setup installs are).
+pub fn cargo_at_root(args: &[&str]) -> Command {
+    let mut cmd = command(cargo(), args);
+    cmd.current_dir(workspace_root()).env("PATH", path_with_cargo_bin());
+    cmd
 }
 
 /// `~/.cargo/bin` (where `cargo install` puts tools), honouring `CARGO_HOME`.
@@ -87,6 +96,54 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Kills `child` and all its descendants (found through /proc), children first seen last.
+pub fn kill_tree(child: &Child) {
+    let root = i32::try_from(child.id()).expect("pid fits in i32");
+    let mut pids = vec![root];
+    let mut i = 0;
+    while i < pids.len() {
+        let parent = pids[i];
+        pids.extend(children_of(parent));
+        i += 1;
+    }
+    for pid in pids {
+        // SAFETY: kill(2) with a pid we collected from our own child's tree; it has no memory
+        // effects, and a pid that has gone away meanwhile just gives ESRCH.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// The pids whose parent is `parent`.
+fn children_of(parent: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                // Fields after the command (which may hold spaces) in parentheses: state ppid ...
+                stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
+}
+
+/// Ok if every check passed; otherwise an error naming each one that failed, with its error.
+pub fn all_ok(checks: Vec<(&str, anyhow::Result<()>)>) -> anyhow::Result<()> {
+    let failed: Vec<String> =
+        checks.into_iter().filter_map(|(name, result)| result.err().map(|e| format!("{name}: {e:#}"))).collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        bail!("{}", failed.join("; "))
+    }
+}
+
 /// Quotes `word` for a POSIX shell (unchanged when it needs no quoting).
 pub fn shell_quote(word: &str) -> String {
     let safe = !word.is_empty() && word.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%^".contains(&b));
@@ -118,7 +175,7 @@ pub fn command<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> Comma
 
 #[cfg(test)]
 mod tests {
-    use super::shell_quote;
+    use super::{all_ok, shell_quote};
 
     #[test]
     fn quoting() {
@@ -127,5 +184,14 @@ mod tests {
         assert_eq!(shell_quote("a b"), "'a b'");
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
         assert_eq!(shell_quote("$HOME"), "'$HOME'");
+    }
+
+    #[test]
+    fn all_ok_reports_every_failure() {
+        assert!(all_ok(vec![("a", Ok(())), ("b", Ok(()))]).is_ok());
+        let err = all_ok(vec![("a", Err(anyhow::anyhow!("one"))), ("b", Ok(())), ("c", Err(anyhow::anyhow!("two")))])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "a: one; c: two");
     }
 }

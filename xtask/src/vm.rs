@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 use std::fs;
 use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
@@ -404,7 +404,7 @@ fn run_vm(script: &str, rwdir: &Path, timeout: Duration, live: bool) -> anyhow::
             break status;
         }
         if started.elapsed() > timeout {
-            kill_tree(&child);
+            util::kill_tree(&child);
             let _ = child.wait();
             bail!(
                 "the VM run timed out after {} s and was killed\n--- script output so far ---\n{}\n--- end of vng console log ---\n{}",
@@ -416,7 +416,7 @@ fn run_vm(script: &str, rwdir: &Path, timeout: Duration, live: bool) -> anyhow::
         std::thread::sleep(Duration::from_millis(200));
     };
     // Nothing of ours may outlive the run (qemu, should vng leave it behind).
-    kill_tree(&child);
+    util::kill_tree(&child);
     if let Some(echo) = echo.as_mut() {
         echo.pump();
     }
@@ -502,43 +502,6 @@ impl LiveEcho {
             let _ = stdout.flush();
         }
     }
-}
-
-/// Kills `child` and all its descendants (found through /proc), children first seen last.
-fn kill_tree(child: &Child) {
-    let root = i32::try_from(child.id()).expect("pid fits in i32");
-    let mut pids = vec![root];
-    let mut i = 0;
-    while i < pids.len() {
-        let parent = pids[i];
-        pids.extend(children_of(parent));
-        i += 1;
-    }
-    for pid in pids {
-        // SAFETY: kill(2) with a pid we collected from our own child's tree; it has no memory
-        // effects, and a pid that has gone away meanwhile just gives ESRCH.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-        }
-    }
-}
-
-/// The pids whose parent is `parent`.
-fn children_of(parent: i32) -> Vec<i32> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&pid| {
-            fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                // Fields after the command (which may hold spaces) in parentheses: state ppid ...
-                stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok())
-                    == Some(parent)
-            })
-        })
-        .collect()
 }
 
 fn read_lossy(path: &Path) -> String {
