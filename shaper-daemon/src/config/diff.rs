@@ -52,17 +52,8 @@ pub fn describe_changes(old: &Config, new: &Config) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
     use super::*;
-
-    fn config(classes: &[&str]) -> Config {
-        let text: String = classes
-            .iter()
-            .map(|c| format!("[[class]]\nname = \"{c}\"\nrate = \"1mbit\"\n"))
-            .fold(String::from("[[interface]]\nname = \"lan0\"\nrate = \"10mbit\"\ndefault = \"a\"\n"), |t, c| t + &c);
-        Config::parse(&text, Path::new("t.toml")).unwrap()
-    }
+    use crate::config::test_util::with_classes as config;
 
     #[test]
     fn changes_are_described_one_per_line() {

@@ -80,7 +80,7 @@ mod error;
 mod model;
 mod raw;
 #[cfg(test)]
-mod test_util;
+pub(crate) mod test_util;
 mod validate;
 mod values;
 

@@ -23,6 +23,17 @@ name = "guest"
 rate = "1mbit"
 "#;
 
+/// A valid configuration: interface lan0 at 10mbit and one 1mbit class per name, the first
+/// one the default.
+pub(crate) fn with_classes(names: &[&str]) -> Config {
+    let text: String =
+        names.iter().map(|c| format!("[[class]]\nname = \"{c}\"\nrate = \"1mbit\"\n")).fold(
+            format!("[[interface]]\nname = \"lan0\"\nrate = \"10mbit\"\ndefault = \"{}\"\n", names[0]),
+            |t, c| t + &c,
+        );
+    parse(&text).expect("a valid configuration")
+}
+
 /// Parses `text` as the file [`PATH`].
 pub(super) fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::parse(text, Path::new(PATH))

@@ -51,17 +51,8 @@ pub(super) fn assign_ids(config: &Config, previous: &[(&str, u32)]) -> Option<Ve
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
     use super::*;
-
-    fn config(classes: &[&str]) -> Config {
-        let text: String = classes
-            .iter()
-            .map(|c| format!("[[class]]\nname = \"{c}\"\nrate = \"1mbit\"\n"))
-            .fold(String::from("[[interface]]\nname = \"lan0\"\nrate = \"10mbit\"\ndefault = \"a\"\n"), |t, c| t + &c);
-        Config::parse(&text, Path::new("t.toml")).unwrap()
-    }
+    use crate::config::test_util::with_classes as config;
 
     #[test]
     fn class_ids_are_kept_by_name_and_new_ones_never_reuse_an_old_id() {
