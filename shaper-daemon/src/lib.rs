@@ -5,10 +5,10 @@
 //! - [`rate`]: rates in tc's spelling;
 //! - [`rules`]: rules compiled into the datapath's lookup tables;
 //! - [`bpf`]: the embedded tc program, its loading, attachment and typed maps;
-//! - [`demand`]: what each class wants, estimated every tick from the datapath's counters;
-//! - [`tree`]: the class tree and the allocator (HTB's rules) that turns demands into rates;
-//! - [`pacing`]: from allocations to the rates the datapath paces at (handing the link on,
-//!   wake rates);
+//! - [`allocation`]: the rate path, every tick: [`allocation::demand`] (what each class
+//!   wants, from the datapath's counters), [`allocation::tree`] (the class tree and the
+//!   allocator, HTB's rules) and [`allocation::pacing`] (from allocations to the rates the
+//!   datapath paces at: handing the link on, wake rates, lending);
 //! - [`qdisc`]: the `fq` root qdisc that enforces departure times (netlink);
 //! - [`netdev`]: interfaces as the kernel knows them (index, link-layer type);
 //! - [`api`]: the control protocol between `shaperctl` and `shaperd`;
@@ -22,20 +22,18 @@
 
 #![deny(unsafe_code)]
 
+pub mod allocation;
 pub mod api;
 pub mod bpf;
 pub mod config;
 pub mod daemon;
-pub mod demand;
 pub mod metrics;
 #[cfg(any(test, feature = "model"))]
 pub mod model;
 pub mod netdev;
-pub mod pacing;
 pub mod qdisc;
 pub mod rate;
 pub mod rules;
-pub mod tree;
 #[cfg(any(test, feature = "model"))]
 pub mod tuning;
 

@@ -1,8 +1,8 @@
 //! A deterministic model of the whole rate path, for tests that run in seconds on any host:
 //! traffic sources offer packets, a sequential copy of the datapath's pacing (class clocks,
 //! sparse budget, horizon, CoDel) gives them departure times, and every tick the real
-//! [`Estimator`](crate::demand::Estimator), [`Tree::allocate`] and
-//! [`Pacer`](crate::pacing::Pacer) set the classes' pacing
+//! [`Estimator`](crate::allocation::demand::Estimator), [`Tree::allocate`] and
+//! [`Pacer`](crate::allocation::pacing::Pacer) set the classes' pacing
 //! rates from the model's counters, as shaperd does from the maps. The loop is closed:
 //! demand → allocation → pacing → what the sources can send → measured demand.
 //!
@@ -17,12 +17,14 @@ use std::collections::HashMap;
 use shaper_common::{frames_ns, FULL_FRAME, LINK_SLACK_PERCENT, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE};
 
 use crate::{
+    allocation::{
+        demand::{self, Counters, Estimator, Observation},
+        pacing::{Leaf, Pacer},
+        tree::{Node, Tree},
+    },
     config::DEFAULT_AQM,
     daemon,
-    demand::{self, Counters, Estimator, Observation},
-    pacing::{Leaf, Pacer},
     rate::Rate,
-    tree::{Node, Tree},
 };
 
 pub const MS: u64 = 1_000_000;

@@ -1,7 +1,7 @@
 //! The control loop's two free parameters, measured on the [`model`](crate::model): the
 //! tick (how often shaperd reads the counters and rewrites the rates) and the headroom
 //! (how much more than it sends a class that is not limited is given, see
-//! [`demand`](crate::demand)). [`sweep`] runs the same traffic under each pair and reports
+//! [`demand`](crate::allocation::demand)). [`sweep`] runs the same traffic under each pair and reports
 //! what each costs; `cargo xtask bench` prints the table.
 //!
 //! The traffic: seed 000's four classes under a 10 mbit/s link (alex 1.9, betty 2.9, carl
@@ -126,7 +126,7 @@ mod tests {
     /// scenario (the model's tests check each scenario more closely).
     #[test]
     fn the_chosen_tick_and_headroom_meet_the_targets() {
-        let t = measure(10 * MS, crate::demand::HEADROOM_PERCENT);
+        let t = measure(10 * MS, crate::allocation::demand::HEADROOM_PERCENT);
         assert!(t.link_use >= 97.0 && t.share_error <= 3.0 && t.on_off >= 96.0 && t.pacing_change < 50, "{t:?}");
     }
 }

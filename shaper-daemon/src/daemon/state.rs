@@ -18,13 +18,15 @@ use tracing::{debug, warn};
 
 use super::{Options, Shared};
 use crate::{
+    allocation::{
+        demand::{self, Counters, Estimator, Observation},
+        pacing::{self, Pacer},
+        tree::Tree,
+    },
     api::{ApiError, ClassStatus, Status},
     bpf::{BpfError, Datapath},
     config::{Class, Config, Isolation},
-    demand::{self, Counters, Estimator, Observation},
-    pacing::{self, Pacer},
     rate::Rate,
-    tree::Tree,
 };
 
 /// The window of the added-delay percentile that `status` reports.

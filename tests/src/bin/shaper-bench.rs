@@ -138,7 +138,7 @@ fn main() {
 /// The control loop's tick and headroom, swept on the model (`shaper::tuning`); the row of
 /// the defaults is the baseline.
 fn print_tuning() {
-    use shaper::{demand::HEADROOM_PERCENT, model::MS, tuning};
+    use shaper::{allocation::demand::HEADROOM_PERCENT, model::MS, tuning};
     let rows = tuning::sweep(&[5 * MS, 10 * MS, 20 * MS, 50 * MS], &[1, 2, 4, 8]);
     let base = rows
         .iter()

@@ -26,7 +26,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shaper::{config::Config, tree::Tree};
+use shaper::{allocation::tree::Tree, config::Config};
 use shaper_tests::gateway::{
     goodput, htb_fq_codel_commands, iperf_result, monotonic_secs, require_fq, sleep_until, tcp_connections, Daemon,
     Topology, UdpLoad, UdpReceiver, UdpSent, UDP_WIRE_HEADERS, WIRE_PER_GOODPUT,

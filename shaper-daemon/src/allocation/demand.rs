@@ -1,6 +1,6 @@
 //! Demand estimation: what each leaf class would send if it could, from the datapath's
-//! counters, every tick. The allocator ([`crate::tree`]) turns demands into allocations, and
-//! [`crate::pacing`] allocations into the rates the datapath paces at.
+//! counters, every tick. The allocator ([`crate::allocation::tree`]) turns demands into allocations, and
+//! [`crate::allocation::pacing`] allocations into the rates the datapath paces at.
 //!
 //! A class is *limited* when its pacing rate holds it back, and the sign of that is a queue
 //! that never empties: over the last [`QUEUE_WINDOW_NS`] (or four full frames at its rate, if
@@ -45,7 +45,7 @@
 //! cannot hold back packets already given a departure time.
 //!
 //! A class is never paced below its guaranteed rate, and a quiet class is paced at what it
-//! would be given if it woke ([`crate::pacing`]): a class that starts sending gets its share
+//! would be given if it woke ([`crate::allocation::pacing`]): a class that starts sending gets its share
 //! at once, without waiting for a tick; the borrowers are moved down at the next tick.
 
 use std::collections::VecDeque;

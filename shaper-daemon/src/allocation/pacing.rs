@@ -1,7 +1,7 @@
 //! From allocations to the rates the datapath paces at, every tick.
 //!
-//! The allocator ([`crate::tree`]) divides the link among the classes by what each wants
-//! ([`crate::demand`]). Two things stand between its allocation and the rates the datapath
+//! The allocator ([`crate::allocation::tree`]) divides the link among the classes by what each wants
+//! ([`crate::allocation::demand`]). Two things stand between its allocation and the rates the datapath
 //! paces at, both because EDT gives a packet its departure time when it arrives, and a
 //! packet already given one cannot be called back:
 //!
@@ -37,7 +37,7 @@
 
 use std::collections::VecDeque;
 
-use crate::{
+use super::{
     demand::{saturate, FRAME_BITS},
     tree::Tree,
 };
@@ -250,7 +250,7 @@ impl Settler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tree::Node;
+    use crate::allocation::tree::Node;
 
     const MS: u64 = 1_000_000;
     const MBIT: u64 = 1_000_000;
@@ -281,7 +281,7 @@ mod tests {
 
     #[test]
     fn capacity_a_lowered_class_still_uses_is_not_given_away() {
-        use crate::tree::Node;
+        use crate::allocation::tree::Node;
         let leaf = |rate| Node { rate, ceil: 10 * MBIT, prio: 0, weight: rate, children: Vec::new() };
         let mut root = leaf(10 * MBIT);
         root.children = vec![1, 2];
