@@ -24,26 +24,21 @@
 //!
 //! Every call opens its own short-lived rtnetlink socket in the network namespace of the calling
 //! thread, and must run inside a tokio runtime.
+//!
+//! This file holds the policy: what a root qdisc is, what to do about it, and what to undo on
+//! shutdown. The rtnetlink requests, and the reading of the kernel's replies, are in the
+//! `netlink` submodule.
 
 use std::fmt;
 
-use futures::StreamExt;
-use netlink_packet_route::{
-    tc::{TcAttribute, TcHandle, TcMessage, TcOption},
-    RouteNetlinkMessage,
-};
+use netlink_packet_route::{tc::TcMessage, RouteNetlinkMessage};
 use nix::errno::Errno;
-use rtnetlink::{
-    packet_core::{
-        DefaultNla, ErrorMessage, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REPLACE,
-        NLM_F_REQUEST,
-    },
-    sys::AsyncSocket,
-    Handle,
-};
 use tracing::{debug, info, warn};
 
-use crate::netdev;
+mod netlink;
+
+pub use netlink::KernelError;
+use netlink::{tc_index, Rtnl};
 
 /// Packet limits of the `fq` qdisc shaper installs (`limit` and `flow_limit` in tc's words).
 ///
@@ -58,10 +53,6 @@ pub struct FqLimits {
     pub flow_packets: u32,
 }
 
-/// `TCA_FQ_PLIMIT`, `TCA_FQ_FLOW_PLIMIT` (`include/uapi/linux/pkt_sched.h`).
-const TCA_FQ_PLIMIT: u16 = 1;
-const TCA_FQ_FLOW_PLIMIT: u16 = 2;
-
 /// `TC_H_ROOT`: the parent of a root qdisc.
 const TC_H_ROOT: u32 = 0xFFFF_FFFF;
 /// `TC_H_INGRESS` (= `TC_H_CLSACT`): the parent of the `ingress`/`clsact` qdisc.
@@ -74,10 +65,6 @@ pub const SHAPER_FQ_HANDLE: u32 = 0x5A1F_0000;
 const FQ: &str = "fq";
 /// The kind of the multiqueue root qdisc.
 const MQ: &str = "mq";
-/// `NLMSGERR_ATTR_MSG`: the extended-ack attribute holding the kernel's error text.
-const NLMSGERR_ATTR_MSG: u16 = 1;
-/// Size of a netlink message header (`struct nlmsghdr`).
-const NLMSG_HDRLEN: usize = 16;
 
 /// The root qdisc of an interface, as far as `fq` is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -227,49 +214,6 @@ pub enum QdiscError {
     },
 }
 
-/// A failed rtnetlink request, with the kernel's own explanation (extended ack) when it gave one.
-#[derive(Debug, thiserror::Error)]
-pub struct KernelError {
-    /// The kernel's extended-ack text, e.g. `Specified qdisc kind is unknown`.
-    message: Option<String>,
-    /// The error as rtnetlink reported it (errno included).
-    source: rtnetlink::Error,
-}
-
-impl fmt::Display for KernelError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.message {
-            Some(message) => write!(f, "the kernel said: {message}"),
-            None => f.write_str("rtnetlink request failed"),
-        }
-    }
-}
-
-impl KernelError {
-    fn new(source: rtnetlink::Error) -> Self {
-        let message = match &source {
-            rtnetlink::Error::NetlinkError(e) => extack_message(e),
-            _ => None,
-        };
-        Self { message, source }
-    }
-
-    /// The errno the kernel returned (positive, e.g. `ENOENT`), if it returned one.
-    #[must_use]
-    pub fn errno(&self) -> Option<i32> {
-        match &self.source {
-            rtnetlink::Error::NetlinkError(e) => e.code.map(|c| -c.get()),
-            _ => None,
-        }
-    }
-
-    /// The kernel's extended-ack text, if it gave one.
-    #[must_use]
-    pub fn message(&self) -> Option<&str> {
-        self.message.as_deref()
-    }
-}
-
 /// What [`ensure_fq`] does about a root qdisc.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Decision {
@@ -303,20 +247,6 @@ struct QdiscEntry {
     kind: String,
     handle: u32,
     parent: u32,
-}
-
-impl QdiscEntry {
-    /// The qdisc described by `msg` if it belongs to interface `ifindex`.
-    fn from_message(msg: &TcMessage, ifindex: u32) -> Option<Self> {
-        if u32::try_from(msg.header.index).ok()? != ifindex {
-            return None;
-        }
-        let kind = msg.attributes.iter().find_map(|a| match a {
-            TcAttribute::Kind(k) => Some(k.clone()),
-            _ => None,
-        })?;
-        Some(Self { kind, handle: msg.header.handle.into(), parent: msg.header.parent.into() })
-    }
 }
 
 /// Classifies the root qdisc of an interface from all its qdiscs.
@@ -366,142 +296,6 @@ impl fmt::Display for HandleDisplay {
     }
 }
 
-/// Extracts the kernel's text from an `NLMSGERR` payload.
-///
-/// The socket sets `NETLINK_CAP_ACK`, so the payload after the errno is the request's bare
-/// header followed by the extended-ack attributes.
-fn extack_message(err: &ErrorMessage) -> Option<String> {
-    let mut tlvs = err.header.get(NLMSG_HDRLEN..)?;
-    while tlvs.len() >= 4 {
-        let len = usize::from(u16::from_ne_bytes([tlvs[0], tlvs[1]]));
-        let kind = u16::from_ne_bytes([tlvs[2], tlvs[3]]) & 0x3FFF;
-        if len < 4 || len > tlvs.len() {
-            return None;
-        }
-        if kind == NLMSGERR_ATTR_MSG {
-            let value = &tlvs[4..len];
-            let end = value.iter().position(|&b| b == 0).unwrap_or(value.len());
-            let text = String::from_utf8_lossy(&value[..end]).trim().to_owned();
-            return (!text.is_empty()).then_some(text);
-        }
-        tlvs = tlvs.get((len + 3) & !3..)?;
-    }
-    None
-}
-
-/// An rtnetlink connection whose background task ends with it.
-struct Rtnl {
-    handle: Handle,
-    /// The connection, polled in the background.
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Rtnl {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Rtnl {
-    /// Opens a socket in the calling thread's network namespace.
-    fn open(ifname: &str) -> Result<Self, QdiscError> {
-        let (mut connection, handle, _) =
-            rtnetlink::new_connection().map_err(|source| QdiscError::Socket { ifname: ifname.to_owned(), source })?;
-        let socket = connection.socket_mut().socket_mut();
-        // The kernel's error text is a bonus: without it the errno is still there. Capping the
-        // ack keeps the layout `extack_message` expects; ext-ack is only asked for if it holds.
-        if socket.set_cap_ack(true).is_ok() {
-            if let Err(e) = socket.set_ext_ack(true) {
-                debug!("NETLINK_EXT_ACK unavailable, kernel error texts will be missing: {e}");
-            }
-        }
-        Ok(Self { handle, task: tokio::spawn(connection) })
-    }
-
-    /// Sends one request that expects only an acknowledgement.
-    async fn acked(&self, message: RouteNetlinkMessage, flags: u16) -> Result<(), KernelError> {
-        let mut request = NetlinkMessage::from(message);
-        request.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
-        let mut responses = self.handle.clone().request(request).map_err(KernelError::new)?;
-        while let Some(response) = responses.next().await {
-            if let NetlinkPayload::Error(e) = response.payload {
-                return Err(KernelError::new(rtnetlink::Error::NetlinkError(e)));
-            }
-        }
-        Ok(())
-    }
-
-    /// The index of the interface named `ifname` (see [`netdev::find_index`]).
-    async fn ifindex(&self, ifname: &str) -> Result<u32, QdiscError> {
-        match netdev::find_index(&self.handle, ifname).await {
-            Ok(Some(index)) => Ok(index),
-            Ok(None) => Err(QdiscError::NoSuchInterface { ifname: ifname.to_owned() }),
-            Err(source) => Err(link_error(ifname, source)),
-        }
-    }
-
-    /// Whether interface `ifindex` still exists (see [`netdev::exists`]).
-    async fn link_exists(&self, ifname: &str, ifindex: u32) -> Result<bool, QdiscError> {
-        netdev::exists(&self.handle, ifindex).await.map_err(|source| link_error(ifname, source))
-    }
-
-    /// The root qdisc of interface `ifindex`.
-    async fn root(&self, ifname: &str, ifindex: u32) -> Result<RootQdisc, QdiscError> {
-        // The kernel ignores the index of a qdisc dump and sends every interface's qdiscs;
-        // TCA_DUMP_INVISIBLE makes it include the children it would hide from `tc qdisc show`.
-        let mut request = TcMessage::default();
-        request.attributes.push(TcAttribute::DumpInvisible(true));
-        let mut request = NetlinkMessage::from(RouteNetlinkMessage::GetQueueDiscipline(request));
-        request.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-        let dump_error = |source| QdiscError::Dump { ifname: ifname.to_owned(), source: KernelError::new(source) };
-        let mut responses = self.handle.clone().request(request).map_err(dump_error)?;
-        let mut entries = Vec::new();
-        while let Some(response) = responses.next().await {
-            match response.payload {
-                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewQueueDiscipline(msg)) => {
-                    entries.extend(QdiscEntry::from_message(&msg, ifindex));
-                }
-                NetlinkPayload::Error(e) => {
-                    return Err(dump_error(rtnetlink::Error::NetlinkError(e)));
-                }
-                _ => {}
-            }
-        }
-        debug!(interface = %ifname, ?entries, "qdiscs");
-        Ok(classify(&entries))
-    }
-
-    /// Makes `fq` (default options) the root qdisc of `ifindex`: `tc qdisc replace root fq`.
-    async fn install_fq(&self, ifname: &str, ifindex: u32, limits: FqLimits) -> Result<(), QdiscError> {
-        let mut message = TcMessage::with_index(tc_index(ifname, ifindex)?);
-        message.header.parent = TcHandle::ROOT;
-        message.header.handle = SHAPER_FQ_HANDLE.into();
-        message.attributes.push(TcAttribute::Kind(FQ.to_owned()));
-        message.attributes.push(TcAttribute::Options(vec![
-            TcOption::Other(DefaultNla::new(TCA_FQ_PLIMIT, limits.packets.to_ne_bytes().to_vec())),
-            TcOption::Other(DefaultNla::new(TCA_FQ_FLOW_PLIMIT, limits.flow_packets.to_ne_bytes().to_vec())),
-        ]));
-        let flags = NLM_F_CREATE | NLM_F_REPLACE;
-        match self.acked(RouteNetlinkMessage::NewQueueDiscipline(message), flags).await {
-            Ok(()) => Ok(()),
-            Err(source) if means_unknown_kind(&source) => {
-                Err(QdiscError::FqUnavailable { ifname: ifname.to_owned(), source })
-            }
-            Err(source) => Err(QdiscError::Install { ifname: ifname.to_owned(), source }),
-        }
-    }
-
-    /// Deletes the root qdisc of `ifindex` if its handle is `handle`.
-    async fn delete_root(&self, ifname: &str, ifindex: u32, handle: u32) -> Result<(), QdiscError> {
-        let mut message = TcMessage::with_index(tc_index(ifname, ifindex)?);
-        message.header.parent = TcHandle::ROOT;
-        message.header.handle = handle.into();
-        self.acked(RouteNetlinkMessage::DelQueueDiscipline(message), 0)
-            .await
-            .map_err(|source| QdiscError::Delete { ifname: ifname.to_owned(), source })
-    }
-}
-
 /// Removes the `clsact` qdisc of `ifname` (with every filter under it), as `tc qdisc del dev
 /// IF clsact` does. The datapath adds clsact on kernels without TCX and, having added it,
 /// removes it on shutdown. An interface that is gone, or has no clsact, is not an error.
@@ -527,28 +321,6 @@ pub async fn delete_clsact(ifname: &str) -> Result<(), QdiscError> {
         Err(source) if matches!(source.errno().map(Errno::from_raw), Some(Errno::ENOENT | Errno::EINVAL)) => Ok(()),
         Err(source) => Err(QdiscError::Delete { ifname: ifname.to_owned(), source }),
     }
-}
-
-/// Maps a failed link lookup (a missing interface is not a failure: see [`netdev`]).
-fn link_error(ifname: &str, source: rtnetlink::Error) -> QdiscError {
-    QdiscError::Link { ifname: ifname.to_owned(), source: KernelError::new(source) }
-}
-
-/// Whether a refused `RTM_NEWQDISC` means that the kernel does not know the qdisc kind.
-///
-/// Linux answers `ENOENT` ("Specified qdisc kind is unknown") once it has failed to find or
-/// autoload the module; `EOPNOTSUPP` is accepted too, for kernels that word it that way.
-fn means_unknown_kind(error: &KernelError) -> bool {
-    matches!(error.errno().map(Errno::from_raw), Some(Errno::ENOENT | Errno::EOPNOTSUPP))
-}
-
-/// An interface index as `struct tcmsg` holds it.
-fn tc_index(ifname: &str, ifindex: u32) -> Result<i32, QdiscError> {
-    // Interface indexes are positive `int`s in the kernel: a larger one names no interface.
-    let Ok(index) = i32::try_from(ifindex) else {
-        return Err(QdiscError::NoSuchInterface { ifname: ifname.to_owned() });
-    };
-    Ok(index)
 }
 
 /// Tells what the root qdisc of `ifname` is.
@@ -667,6 +439,7 @@ impl FqGuard {
 
 #[cfg(test)]
 mod tests {
+    use super::netlink::nack;
     use super::*;
 
     fn entry(kind: &str, handle: u32, parent: u32) -> QdiscEntry {
@@ -740,86 +513,11 @@ mod tests {
     }
 
     #[test]
-    fn entries_of_other_interfaces_are_ignored() {
-        let mut message = TcMessage::with_index(7);
-        message.header.handle = 0x0001_0000.into();
-        message.header.parent = TcHandle::ROOT;
-        message.attributes.push(TcAttribute::Kind("htb".into()));
-        assert_eq!(QdiscEntry::from_message(&message, 7), Some(entry("htb", 0x0001_0000, TC_H_ROOT)));
-        assert_eq!(QdiscEntry::from_message(&message, 8), None);
-    }
-
-    #[test]
     fn handles_print_like_tc() {
         assert_eq!(HandleDisplay(0).to_string(), "0:");
         assert_eq!(HandleDisplay(0x8001_0000).to_string(), "8001:");
         assert_eq!(HandleDisplay(0x0001_0002).to_string(), "1:2");
         assert_eq!(RootQdisc::Other { kind: "htb".into(), handle: 0x0001_0000 }.to_string(), "htb 1:");
-    }
-
-    /// An `NLMSGERR` payload as the kernel sends it with `NETLINK_CAP_ACK` and `NETLINK_EXT_ACK`.
-    fn nack(errno: i32, text: Option<&str>) -> ErrorMessage {
-        let mut payload = vec![0u8; NLMSG_HDRLEN];
-        if let Some(text) = text {
-            let mut value = text.as_bytes().to_vec();
-            value.push(0);
-            let len = u16::try_from(4 + value.len()).unwrap();
-            payload.extend(len.to_ne_bytes());
-            payload.extend(NLMSGERR_ATTR_MSG.to_ne_bytes());
-            payload.extend(value);
-            payload.resize((payload.len() + 3) & !3, 0);
-        }
-        // NLMSGERR_ATTR_OFFS, after the message, must not disturb the parsing.
-        payload.extend(8u16.to_ne_bytes());
-        payload.extend(2u16.to_ne_bytes());
-        payload.extend(20u32.to_ne_bytes());
-        let mut e = ErrorMessage::default();
-        e.code = std::num::NonZeroI32::new(-errno);
-        e.header = payload;
-        e
-    }
-
-    #[test]
-    fn kernel_error_carries_errno_and_extack_text() {
-        let e = KernelError::new(rtnetlink::Error::NetlinkError(nack(
-            Errno::ENOENT as i32,
-            Some("Specified qdisc kind is unknown"),
-        )));
-        assert_eq!(e.errno(), Some(Errno::ENOENT as i32));
-        assert_eq!(e.message(), Some("Specified qdisc kind is unknown"));
-        assert!(means_unknown_kind(&e));
-        assert_eq!(e.to_string(), "the kernel said: Specified qdisc kind is unknown");
-
-        let e = KernelError::new(rtnetlink::Error::NetlinkError(nack(Errno::EPERM as i32, None)));
-        assert_eq!(e.errno(), Some(Errno::EPERM as i32));
-        assert_eq!(e.message(), None);
-        assert!(!means_unknown_kind(&e));
-        assert_eq!(KernelError::new(rtnetlink::Error::RequestFailed).errno(), None);
-    }
-
-    #[test]
-    fn extack_as_linux_6_18_sends_it() {
-        // The NLMSGERR payload of `RTM_NEWQDISC kind fq` on a kernel without sch_fq, captured
-        // with NETLINK_CAP_ACK + NETLINK_EXT_ACK: the request's header (flags 0x505 include
-        // NLM_F_CREATE|NLM_F_REPLACE), then NLMSGERR_ATTR_MSG.
-        let mut e = ErrorMessage::default();
-        e.code = std::num::NonZeroI32::new(-(Errno::ENOENT as i32));
-        e.header = vec![
-            44, 0, 0, 0, 36, 0, 5, 5, 3, 0, 0, 0, 0, 0, 0, 0, 36, 0, 1, 0, 83, 112, 101, 99, 105, 102, 105, 101, 100,
-            32, 113, 100, 105, 115, 99, 32, 107, 105, 110, 100, 32, 105, 115, 32, 117, 110, 107, 110, 111, 119, 110, 0,
-        ];
-        let e = KernelError::new(rtnetlink::Error::NetlinkError(e));
-        assert_eq!(e.message(), Some("Specified qdisc kind is unknown"));
-        assert!(means_unknown_kind(&e));
-    }
-
-    #[test]
-    fn truncated_extack_is_ignored() {
-        let mut e = nack(Errno::ENOENT as i32, Some("text"));
-        e.header.truncate(NLMSG_HDRLEN + 6);
-        assert_eq!(extack_message(&e), None);
-        e.header.truncate(3);
-        assert_eq!(extack_message(&e), None);
     }
 
     #[test]
