@@ -211,3 +211,24 @@ fn pinned_datapath_is_taken_over_in_place() {
     });
     assert!(!root.exists(), "nothing left under bpffs");
 }
+
+#[test]
+fn interfaces_without_a_link_layer_header_are_told_apart() {
+    require_root();
+    let ns = Netns::new("shaper-netdev");
+    ns.sh(&["ip", "tuntap", "add", "dev", "tun0", "mode", "tun"]);
+    ns.sh(&["ip", "link", "add", "veth0", "type", "veth", "peer", "name", "veth1"]);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // The lookups ask the calling thread's namespace, where these interfaces are.
+            ns.enter();
+            assert!(shaper::netdev::is_l3("tun0"), "a tun device hands over IP packets");
+            assert!(!shaper::netdev::is_l3("veth0"), "a veth carries Ethernet frames");
+            assert!(!shaper::netdev::is_l3("lo"));
+            assert!(shaper::netdev::index("tun0").is_some());
+            assert_eq!(shaper::netdev::index("tun1"), None);
+        })
+        .join()
+        .unwrap();
+    });
+}
