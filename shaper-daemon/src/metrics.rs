@@ -33,8 +33,10 @@
 //! gives tc's bits.
 //!
 //! # Server
-//! [`serve`] answers `GET /metrics` with the `OpenMetrics` text ([`OPENMETRICS_CONTENT_TYPE`]),
-//! any other path with 404 and other methods on `/metrics` with 405. It serves at most
+//! [`serve`] answers `GET /metrics` in the format the client asks for: `OpenMetrics`
+//! ([`OPENMETRICS_CONTENT_TYPE`]) when its `Accept` header names it, as Prometheus's does,
+//! else Prometheus's classic text format ([`CLASSIC_CONTENT_TYPE`], what `curl … | promtool
+//! check metrics` reads); any other path gets 404 and other methods on `/metrics` 405. It serves at most
 //! [`MAX_CONNECTIONS`] connections at once (more wait in the listen backlog), one request per
 //! connection, each within [`CONNECTION_TIMEOUT`], so that a slow or stuck client costs the daemon
 //! one permit for a bounded time and nothing else.
@@ -72,6 +74,9 @@ use crate::api::{ClassStatus, Status};
 pub const PREFIX: &str = "shaper";
 /// The content type of a scrape's answer: what prometheus-client's text encoder writes.
 pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of an answer in Prometheus's classic text format (version 0.0.4), for
+/// clients that do not ask for `OpenMetrics`.
+pub const CLASSIC_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Connections served at once; more wait in the listen backlog.
 pub const MAX_CONNECTIONS: usize = 16;
 /// Time a connection may take, from accept to the last byte of the answer.
@@ -435,8 +440,14 @@ where
     let response = match (request.uri().path(), request.method()) {
         ("/metrics", &Method::GET) => {
             let text = metrics.encode(snapshot().await);
+            let (content_type, text) = if wants_openmetrics(request.headers()) {
+                (OPENMETRICS_CONTENT_TYPE, text)
+            } else {
+                (CLASSIC_CONTENT_TYPE, as_classic_text(&text))
+            };
             Response::builder()
-                .header(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)
+                .header(header::CONTENT_TYPE, content_type)
+                .header(header::VARY, "Accept")
                 .body(Full::new(Bytes::from(text)))
         }
         ("/metrics", _) => plain(StatusCode::METHOD_NOT_ALLOWED, "only GET is allowed on /metrics\n").map(|mut r| {
@@ -448,6 +459,17 @@ where
     let response = response.expect("a response built from constant, valid parts");
     debug!(method = %request.method(), path = request.uri().path(), status = %response.status(), "metrics request");
     response
+}
+
+/// Whether the request's `Accept` header names `OpenMetrics` (with any parameters and any
+/// non-zero quality), as Prometheus's scraper does.
+fn wants_openmetrics(headers: &header::HeaderMap) -> bool {
+    headers.get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(|range| {
+        let mut parts = range.split(';').map(str::trim);
+        let media = parts.next().unwrap_or_default();
+        let refused = parts.filter_map(|p| p.strip_prefix("q=")).any(|q| q.parse::<f32>().is_ok_and(|q| q <= 0.0));
+        media.eq_ignore_ascii_case("application/openmetrics-text") && !refused
+    })
 }
 
 /// `openmetrics` as Prometheus's classic text format writes it, which is what `promtool check
@@ -672,7 +694,12 @@ mod tests {
         // A client that connects and says nothing holds one permit, not the server.
         let _idle = tokio::net::TcpStream::connect(addr).await.expect("connecting");
 
-        let ok = http(addr, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
+        // Prometheus asks for OpenMetrics and gets it.
+        let prometheus_accept = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;\
+                                 version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        let ok =
+            http(addr, &format!("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: {prometheus_accept}\r\n\r\n"))
+                .await;
         let (head, body) = ok.split_once("\r\n\r\n").expect("a header and a body");
         assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
         assert!(
@@ -681,7 +708,25 @@ mod tests {
         );
         assert_eq!(sample(body, "shaper_config_generation"), Some("7"), "{body}");
         assert!(body.contains(r#"shaper_class_bytes_total{interface="lan0",class="alex"} 150000"#), "{body}");
+        assert!(body.contains("# TYPE shaper_class_bytes counter\n"), "{body}");
         assert!(body.ends_with("# EOF\n"), "{body}");
+
+        // A client that does not ask (curl) gets the classic format, counters named with
+        // their `_total`, which promtool reads without complaint.
+        for request in [
+            "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+            "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: */*\r\n\r\n",
+            "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/openmetrics-text;q=0\r\n\r\n",
+        ] {
+            let classic = http(addr, request).await;
+            let (head, body) = classic.split_once("\r\n\r\n").expect("a header and a body");
+            assert!(
+                head.to_ascii_lowercase().contains(&format!("\r\ncontent-type: {CLASSIC_CONTENT_TYPE}\r\n")),
+                "{request}: {head}"
+            );
+            assert!(body.contains("# TYPE shaper_class_bytes_total counter\n"), "{body}");
+            assert!(body.contains(r#"shaper_class_bytes_total{interface="lan0",class="alex"} 150000"#), "{body}");
+        }
 
         let missing = http(addr, "GET /other HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
         assert!(missing.starts_with("HTTP/1.1 404 Not Found\r\n"), "{missing}");
