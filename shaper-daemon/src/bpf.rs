@@ -3,7 +3,11 @@
 //! The object is built from `shaper-ebpf` by `build.rs` and embedded in the binary, so
 //! `shaperd` has no file to find at run time.
 
-use std::path::{Path, PathBuf};
+use std::{
+    fs::File,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
 
 use aya::{
     maps::{Array, HashMap, MapData, MapError, PerCpuArray, PerCpuValues},
@@ -17,7 +21,9 @@ use aya::{
 };
 use nix::{
     errno::Errno,
+    fcntl::{Flock, FlockArg},
     mount::{mount, MsFlags},
+    sys::stat::{major, minor},
     sys::statfs::{statfs, FsType, BPF_FS_MAGIC},
 };
 use shaper_common::{
@@ -75,6 +81,58 @@ pub enum BpfError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
+    /// Another process holds the pin directory's lock: a shaperd shapes with those maps.
+    #[error(
+        "{}: in use by another shaperd{}, which shapes with these maps; stop it first (a second one would take \
+         its datapath over), or give this one a --pin-dir of its own",
+        .path.display(),
+        .holder.map(|pid| format!(" (pid {pid})")).unwrap_or_default()
+    )]
+    PinsInUse { path: PathBuf, holder: Option<u32> },
+}
+
+/// The exclusive lock a shaperd holds on its pin directory for as long as it runs, so that a
+/// second one started by mistake (by hand, or a unit next to a running one) finds the maps
+/// taken before it touches anything. The kernel releases it when the process ends, however
+/// it ends, so a shaperd after a crash, kill -9 or handover takes the maps over as before.
+#[derive(Debug)]
+pub struct PinLock {
+    _lock: Flock<File>,
+}
+
+impl PinLock {
+    /// Takes the lock of the pin directory `root` (created on bpffs if needed, bpffs mounted
+    /// as [`Datapath::load_pinned`] would), or says which process holds it.
+    pub fn take(root: &Path) -> Result<Self, BpfError> {
+        ensure_bpffs(root)?;
+        std::fs::create_dir_all(root).map_err(pin_err(root, "creating the pin directory"))?;
+        let dir = File::open(root).map_err(pin_err(root, "opening the pin directory"))?;
+        match Flock::lock(dir, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(Self { _lock: lock }),
+            Err((_, Errno::EWOULDBLOCK)) => {
+                Err(BpfError::PinsInUse { path: root.to_owned(), holder: lock_holder(root) })
+            }
+            Err((_, errno)) => Err(BpfError::Pin {
+                path: root.to_owned(),
+                action: "locking the pin directory",
+                source: Box::new(std::io::Error::from(errno)),
+            }),
+        }
+    }
+}
+
+/// The process holding a `flock` on `path`, from `/proc/locks`, whose lines read
+/// `1: FLOCK  ADVISORY  WRITE <pid> <major>:<minor>:<inode> 0 EOF` (device numbers in hex).
+fn lock_holder(path: &Path) -> Option<u32> {
+    let meta = std::fs::metadata(path).ok()?;
+    let id = format!("{:02x}:{:02x}:{}", major(meta.dev()), minor(meta.dev()), meta.ino());
+    std::fs::read_to_string("/proc/locks").ok()?.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields[..] {
+            [_, "FLOCK", _, _, pid, file, ..] if file == id => pid.parse().ok(),
+            _ => None,
+        }
+    })
 }
 
 fn pin_err<E: std::error::Error + Send + Sync + 'static>(

@@ -232,3 +232,24 @@ fn interfaces_without_a_link_layer_header_are_told_apart() {
         .unwrap();
     });
 }
+
+#[test]
+fn the_pin_directory_is_held_by_one_shaperd_at_a_time() {
+    require_root();
+    let root = std::path::PathBuf::from("/sys/fs/bpf/shaper-test-lock");
+    let _ = std::fs::remove_dir_all(&root);
+    let held = shaper::bpf::PinLock::take(&root).expect("the first lock");
+    match shaper::bpf::PinLock::take(&root) {
+        Err(shaper::bpf::BpfError::PinsInUse { path, holder }) => {
+            assert_eq!(path, root);
+            assert_eq!(holder, Some(std::process::id()), "/proc/locks names the holder");
+        }
+        other => panic!("a second lock was not refused: {other:?}"),
+    }
+    let message = shaper::bpf::PinLock::take(&root).unwrap_err().to_string();
+    assert!(message.contains(&format!("in use by another shaperd (pid {})", std::process::id())), "{message}");
+    drop(held);
+    let again = shaper::bpf::PinLock::take(&root).expect("taken again once released");
+    drop(again);
+    std::fs::remove_dir(&root).unwrap();
+}

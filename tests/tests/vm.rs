@@ -882,6 +882,98 @@ fn egress_filters(topo: &Topology, iface: &str) -> usize {
     String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("shaper_egress")).count()
 }
 
+/// Runs a shaperd that is expected not to start: with `config` (TOML text), its own socket,
+/// and the topology's pin directory; returns its exit status and what it printed.
+fn failing_shaperd(topo: &Topology, name: &str, config: &str) -> (std::process::ExitStatus, String) {
+    let path = topo.dir.join(format!("{name}.toml"));
+    std::fs::write(&path, config).unwrap();
+    let socket = topo.dir.join(format!("{name}.sock"));
+    let out = topo
+        .gw
+        .command_net_only(shaper_tests::bin("shaperd").to_str().unwrap())
+        .args(["--config", path.to_str().unwrap(), "--socket", socket.to_str().unwrap()])
+        .args(["--pin-dir", topo.pin_dir().to_str().unwrap()])
+        .output()
+        .expect("running shaperd");
+    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Faults at start never cost the shaping in place: a second shaperd started next to a
+/// running one (same configuration and pins, its own socket) exits before it touches
+/// anything, and so does a shaperd that, after the first was killed, finds the metrics port
+/// taken: the class stays paced at its rate throughout, with one filter attached.
+#[test]
+fn a_start_that_fails_leaves_the_running_shaper_as_it_was() {
+    const FLOW_SECONDS: u32 = 30;
+    require_fq();
+    let topo = topology("shaper-vm-second", &["10.1.0.2"]);
+    let mut first = topo.shaperd(KILL_CONFIG);
+    let server = topo.iperf_server(7501);
+    let started = Instant::now();
+    let flow = topo.iperf_client("10.1.0.2", 7501, FLOW_SECONDS, "1");
+    sleep(Duration::from_secs(4));
+
+    let (status, stderr) = failing_shaperd(&topo, "second", KILL_CONFIG);
+    let second_at = started.elapsed().as_secs_f64();
+    assert!(!status.success(), "a second shaperd started: {stderr}");
+    assert!(stderr.contains("in use by another shaperd (pid"), "{stderr}");
+    assert_eq!(egress_filters(&topo, "wan0"), 1, "the filter is still attached");
+    assert!(topo.ctl(&["status"]).status.success(), "the first shaperd still answers");
+    sleep(Duration::from_secs(6));
+    let ceil = topo.ctl(&["set-ceil", "c2", "3mbit"]);
+    assert!(ceil.status.success(), "the first shaperd still controls: {}", String::from_utf8_lossy(&ceil.stderr));
+    let raised_at = started.elapsed().as_secs_f64();
+    sleep(Duration::from_secs(6));
+
+    // The first dies (no handover); a restart finds its metrics port taken and gives up
+    // before it touches the datapath the first one left shaping.
+    first.kill();
+    let port = std::thread::scope(|s| {
+        let (taken, release) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+        let gw = &topo.gw;
+        let holder = s.spawn(move || {
+            gw.enter();
+            let listener = std::net::TcpListener::bind("127.0.0.1:9640").expect("taking the metrics port");
+            taken.0.send(()).unwrap();
+            let _ = release.1.recv();
+            drop(listener);
+        });
+        taken.1.recv().unwrap();
+        let result = failing_shaperd(&topo, "restart", KILL_CONFIG);
+        release.0.send(()).unwrap();
+        holder.join().unwrap();
+        result
+    });
+    let restart_at = started.elapsed().as_secs_f64();
+    let (status, stderr) = port;
+    assert!(!status.success(), "shaperd started without its metrics port: {stderr}");
+    assert!(stderr.contains("9640"), "{stderr}");
+    assert_eq!(egress_filters(&topo, "wan0"), 1, "the filter the first one left is still attached");
+    assert!(topo.pin_dir().exists(), "the pins the first one left are still there");
+
+    let intervals = receiver_intervals(flow);
+    drop(server);
+    let before = wire_rate(&intervals, 1.0, second_at);
+    let beside = wire_rate(&intervals, second_at + 1.0, raised_at);
+    let raised = wire_rate(&intervals, raised_at + 2.0, f64::from(FLOW_SECONDS));
+    println!(
+        "c2 at 2 mbit/s: {:.3} mbit/s, {:.3} after a second shaperd was refused at {second_at:.1} s; set-ceil 3mbit \
+         at {raised_at:.1} s: {:.3} mbit/s, through kill -9 and a restart refused at {restart_at:.1} s",
+        before / 1e6,
+        beside / 1e6,
+        raised / 1e6
+    );
+    assert!((before / 2e6 - 1.0).abs() < 0.05, "shaped before: {before}");
+    assert!((beside / 2e6 - 1.0).abs() < 0.05, "still shaped beside a refused second shaperd: {beside}");
+    assert!((raised / 3e6 - 1.0).abs() < 0.05, "still shaped after the restart was refused: {raised}");
+
+    // What is left shaping is still taken over by a shaperd that can start.
+    let mut third = topo.shaperd(KILL_CONFIG);
+    assert!(third.log().contains("took_over=true"), "{}", third.log());
+    third.stop();
+    assert_eq!(egress_filters(&topo, "wan0"), 0);
+}
+
 /// kill -9 in the middle of a flow: the datapath goes on shaping at the last rates
 /// (fail-static); a new shaperd takes the pinned maps and the filter over in place (still one
 /// filter, counters carried on), `set-ceil` works again, and a stop removes everything.

@@ -34,8 +34,8 @@ use self::{
     state::{control_loop, monotonic_ns, trees, State},
 };
 use crate::{
-    api::SocketError,
-    bpf::{BpfError, Datapath},
+    api::{Server, SocketError},
+    bpf::{BpfError, Datapath, PinLock},
     config::Config,
     metrics::{self, Metrics},
     netdev,
@@ -142,6 +142,18 @@ pub async fn run(
     let fresh_ids = assign_ids(&config, &[]).expect("validated: at most MAX_CLASSES classes");
     let compiled = rules::compile(&rule_specs(&config, &fresh_ids))
         .map_err(|source| DaemonError::Rules { path: config.path.clone(), source })?;
+    // What a running shaperd holds is checked before anything it shapes with is touched: the
+    // pin directory's lock (a shaperd shapes with those maps), the control socket, the
+    // metrics port. Failing on any of them leaves a running shaper, or the datapath a
+    // stopped one left, as it was.
+    let _pins = options.pin_dir.as_deref().map(PinLock::take).transpose()?;
+    let server = Server::bind(&options.socket).await?;
+    let metrics_listener = match config.daemon.metrics_listen {
+        Some(addr) => {
+            Some(tokio::net::TcpListener::bind(addr).await.map_err(|source| DaemonError::Metrics { addr, source })?)
+        }
+        None => None,
+    };
     let (mut datapath, adopted) = match &options.pin_dir {
         Some(root) => Datapath::load_pinned(root)?,
         None => (Datapath::load()?, false),
@@ -150,7 +162,7 @@ pub async fn run(
         info!(pins = %options.pin_dir.as_deref().unwrap_or(Path::new("")).display(), "taking over the maps an earlier shaperd left");
     }
     let fresh = (fresh_ids, compiled);
-    let (installed, Started { classes, server, metrics_listener }) =
+    let (installed, Started { classes }) =
         Installed::setup(&config, &options, &mut datapath, adopted, &ifindexes, fresh).await?;
     info!(config = %config.path.display(), socket = %options.socket.display(), classes = classes.len(), rules = config.rules.len(), "shaping");
     ready();

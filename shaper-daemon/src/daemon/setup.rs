@@ -1,11 +1,13 @@
 //! Putting shaping in place and taking it away again.
 //!
 //! [`Installed::setup`] installs `fq` on each interface, writes the classes, interfaces and
-//! rules into the datapath, attaches the program at egress, and binds the control socket and
-//! the metrics listener. It returns an [`Installed`]: what it changed outside this process, to
-//! be given back by [`Installed::undo`] on shutdown, or left for the next shaperd by
-//! [`Installed::leave_in_place`] on a handover. If a step of the setup fails, what the earlier
-//! steps changed is undone before the error is returned.
+//! rules into the datapath and attaches the program at egress (the pin lock, the control
+//! socket and the metrics listener are taken before, in `run`, so that a start that cannot
+//! finish fails before it touches anything). It returns an [`Installed`]: what it changed
+//! outside this process, to be given back by [`Installed::undo`] on shutdown, or left for the
+//! next shaperd by [`Installed::leave_in_place`] on a handover. If a step of the setup fails,
+//! what the earlier steps changed is undone before the error is returned, unless the datapath
+//! was taken over from an earlier shaperd: that one is left shaping, as it was left.
 
 use std::path::PathBuf;
 
@@ -19,7 +21,6 @@ use super::{
     DaemonError, Options,
 };
 use crate::{
-    api::Server,
     bpf::{BpfError, Datapath},
     config::{Config, Direction},
     netdev,
@@ -32,10 +33,6 @@ use crate::{
 pub(super) struct Started {
     /// One entry per class of the configuration, in the same order.
     pub(super) classes: Vec<ClassEntry>,
-    /// The control socket, bound.
-    pub(super) server: Server,
-    /// The Prometheus listener, if the configuration asks for one.
-    pub(super) metrics_listener: Option<tokio::net::TcpListener>,
 }
 
 /// What the setup changed outside this process and shutdown must give back: the `fq` root
@@ -55,13 +52,13 @@ pub(super) struct Installed {
 }
 
 impl Installed {
-    /// Sets everything up: `fq` on each interface, the classes, the rules, the attachments, the
-    /// control socket and the metrics listener. `fresh` is the class ids in file order and the
-    /// rules compiled with them; with `adopted` maps, the class ids and rates an earlier
-    /// shaperd used carry on instead (and the rules are compiled again only if its ids differ).
+    /// Sets everything up: `fq` on each interface, the classes, the rules and the attachments.
+    /// `fresh` is the class ids in file order and the rules compiled with them; with `adopted`
+    /// maps, the class ids and rates an earlier shaperd used carry on instead (and the rules
+    /// are compiled again only if its ids differ).
     ///
     /// If a step fails, everything done so far is undone (as [`Self::undo`] does) before the
-    /// error is returned.
+    /// error is returned; a datapath taken over (`adopted`) is left in place instead.
     pub(super) async fn setup(
         config: &Config,
         options: &Options,
@@ -73,6 +70,11 @@ impl Installed {
         let mut installed = Self { fq: Vec::new(), handover_file: options.handover_file() };
         match installed.install(config, options, datapath, adopted, ifindexes, fresh).await {
             Ok(started) => Ok((installed, started)),
+            Err(e) if adopted => {
+                warn!(error = %e, "setting up failed; the datapath an earlier shaperd left goes on shaping, pinned");
+                installed.leave_in_place(datapath);
+                Err(e)
+            }
             Err(e) => {
                 installed.undo(datapath).await;
                 Err(e)
@@ -128,14 +130,7 @@ impl Installed {
         if let Some(path) = options.handover_file() {
             Handover::write(&path, config, &ids, datapath);
         }
-        let server = Server::bind(&options.socket).await?;
-        let metrics_listener = match config.daemon.metrics_listen {
-            Some(addr) => Some(
-                tokio::net::TcpListener::bind(addr).await.map_err(|source| DaemonError::Metrics { addr, source })?,
-            ),
-            None => None,
-        };
-        Ok(Started { classes, server, metrics_listener })
+        Ok(Started { classes })
     }
 
     /// Gives everything back: detaches the program from `datapath` (the one the setup
