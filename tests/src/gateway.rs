@@ -6,7 +6,7 @@
 //! Clients send to the server; the gateway forwards and shapes on `wan_if` egress.
 
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     thread::sleep,
     time::{Duration, Instant},
@@ -88,23 +88,31 @@ impl Topology {
         PathBuf::from("/sys/fs/bpf").join(self.dir.file_name().expect("a named scratch directory"))
     }
 
+    /// A shaperd command in the gateway namespace, with the configuration `config` (TOML
+    /// text, written to `<name>.toml` in the scratch directory), the control socket `socket`
+    /// and this topology's pin directory.
+    #[must_use]
+    pub fn shaperd_command(&self, name: &str, config: &str, socket: &Path) -> Command {
+        let path = self.dir.join(format!("{name}.toml"));
+        std::fs::write(&path, config).expect("writing the configuration");
+        let mut cmd = self.gw.command_net_only(bin("shaperd").to_str().expect("UTF-8 path"));
+        cmd.args([
+            "--config",
+            path.to_str().expect("UTF-8 path"),
+            "--socket",
+            socket.to_str().expect("UTF-8 path"),
+            "--pin-dir",
+            self.pin_dir().to_str().expect("UTF-8 path"),
+        ]);
+        cmd
+    }
+
     /// Starts shaperd in the gateway namespace with the configuration `config` (TOML text)
     /// and waits until it answers on its socket.
     pub fn shaperd(&self, config: &str) -> Daemon {
-        let path = self.dir.join("shaper.toml");
-        std::fs::write(&path, config).expect("writing the configuration");
         let log = self.dir.join("shaperd.log");
         let child = self
-            .gw
-            .command_net_only(bin("shaperd").to_str().expect("UTF-8 path"))
-            .args([
-                "--config",
-                path.to_str().expect("UTF-8 path"),
-                "--socket",
-                self.socket().to_str().expect("UTF-8 path"),
-                "--pin-dir",
-                self.pin_dir().to_str().expect("UTF-8 path"),
-            ])
+            .shaperd_command("shaper", config, &self.socket())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()

@@ -885,16 +885,8 @@ fn egress_filters(topo: &Topology, iface: &str) -> usize {
 /// Runs a shaperd that is expected not to start: with `config` (TOML text), its own socket,
 /// and the topology's pin directory; returns its exit status and what it printed.
 fn failing_shaperd(topo: &Topology, name: &str, config: &str) -> (std::process::ExitStatus, String) {
-    let path = topo.dir.join(format!("{name}.toml"));
-    std::fs::write(&path, config).unwrap();
     let socket = topo.dir.join(format!("{name}.sock"));
-    let out = topo
-        .gw
-        .command_net_only(shaper_tests::bin("shaperd").to_str().unwrap())
-        .args(["--config", path.to_str().unwrap(), "--socket", socket.to_str().unwrap()])
-        .args(["--pin-dir", topo.pin_dir().to_str().unwrap()])
-        .output()
-        .expect("running shaperd");
+    let out = topo.shaperd_command(name, config, &socket).output().expect("running shaperd");
     (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 

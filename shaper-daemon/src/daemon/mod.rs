@@ -3,8 +3,9 @@
 //!
 //! [`run`] takes the daemon's signals from a channel, so tests drive the daemon the same way
 //! the binary does with SIGTERM. The parts, one file each:
-//! - `setup`: putting shaping in place (`fq`, classes, rules, attachments, sockets), and the
-//!   value that takes it away again on shutdown;
+//! - `setup`: putting shaping in place (`fq`, classes, rules, attachments), and the value that
+//!   takes it away again on shutdown (the pin lock and the sockets are taken before, in
+//!   [`run`]);
 //! - `state`: what the daemon tracks per class, and the control loop that sets the rates;
 //! - `handler`: the `shaperctl` requests, reloads and runtime changes;
 //! - `ids`: which datapath id each class takes, and the rules resolved to those ids;
