@@ -20,7 +20,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-const TARGET: &str = "bpfel-unknown-none";
+include!("bpf_build.rs");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Toolchain {
@@ -32,7 +32,13 @@ fn main() -> Result<()> {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
     let root = manifest.parent().context("shaper-daemon has no parent directory")?;
     let ebpf = root.join("shaper-ebpf");
-    for path in ["shaper-ebpf/src", "shaper-ebpf/Cargo.toml", "shaper-ebpf/Cargo.lock", "shaper-common/src"] {
+    for path in [
+        "shaper-ebpf/src",
+        "shaper-ebpf/Cargo.toml",
+        "shaper-ebpf/Cargo.lock",
+        "shaper-common/src",
+        "shaper-daemon/bpf_build.rs",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(path).display());
     }
     println!("cargo:rerun-if-env-changed=SHAPER_BPF_TOOLCHAIN");
@@ -45,14 +51,14 @@ fn main() -> Result<()> {
     let target_dir = root.join("target").join("bpf");
     let mut cmd = match toolchain {
         Toolchain::Debian => {
-            let mut c = Command::new("/usr/bin/cargo");
-            c.env("RUSTC", "/usr/bin/rustc").env("RUSTC_BOOTSTRAP", "1");
-            c.args(["build", "--release", "--target", TARGET]);
+            let mut c = Command::new(DEBIAN_CARGO);
+            c.env("RUSTC", DEBIAN_RUSTC).env("RUSTC_BOOTSTRAP", "1");
+            c.args(["build", "--release", "--target", BPF_TARGET]);
             c
         }
         Toolchain::Nightly => {
             let mut c = Command::new("rustup");
-            c.args(["run", "nightly", "cargo", "build", "--release", "--target", TARGET]);
+            c.args(["run", "nightly", "cargo", "build", "--release", "--target", BPF_TARGET]);
             c.args(["-Z", "build-std=core"]);
             c
         }
@@ -60,20 +66,11 @@ fn main() -> Result<()> {
     // The outer build's settings are for the host target; none of them apply here.
     for (key, _) in env::vars_os() {
         let key = key.to_string_lossy().into_owned();
-        if (key.starts_with("CARGO_") && key != "CARGO_HOME")
-            || key.starts_with("RUSTC_WRAPPER")
-            || key == "RUSTC_WORKSPACE_WRAPPER"
-            || key.starts_with("CLIPPY_")
-            || key == "RUSTFLAGS"
-            || key == "RUSTDOC"
-            || (key == "RUSTC" && toolchain == Toolchain::Nightly)
-        {
+        if is_outer_build_setting(&key) || (key == "RUSTC" && toolchain == Toolchain::Nightly) {
             cmd.env_remove(&key);
         }
     }
-    // v3 is the first BPF ISA with atomic compare-and-exchange and fetch-and-add (kernel 5.12+),
-    // which the per-class pacing clock needs (see shaper-ebpf/src/edt.rs).
-    cmd.env("CARGO_ENCODED_RUSTFLAGS", "-Ctarget-cpu=v3");
+    cmd.env("CARGO_ENCODED_RUSTFLAGS", BPF_RUSTFLAGS);
     if let Some(linker) = &linker {
         if let Some(dir) = linker.parent() {
             let path = env::var_os("PATH").unwrap_or_default();
@@ -87,7 +84,7 @@ fn main() -> Result<()> {
     if !status.success() {
         bail!("building shaper-ebpf failed ({status}); command: {cmd:?}");
     }
-    let object = target_dir.join(TARGET).join("release").join("shaper");
+    let object = target_dir.join(BPF_TARGET).join("release").join("shaper");
     std::fs::copy(&object, out.join("shaper.bpf.o")).with_context(|| format!("copying {}", object.display()))?;
     Ok(())
 }

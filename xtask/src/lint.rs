@@ -12,15 +12,16 @@ use anyhow::{bail, Context as _};
 
 use crate::util;
 
+/// The target, toolchain and flags `shaper-daemon/build.rs` builds the tc program with (its
+/// Debian route, which `cargo xtask setup` installs and the build script prefers).
+mod bpf_build {
+    include!("../../shaper-daemon/bpf_build.rs");
+}
+
+use bpf_build::{is_outer_build_setting, BPF_RUSTFLAGS, BPF_TARGET, DEBIAN_CARGO, DEBIAN_RUSTC};
+
 /// The tc program's crate, relative to the workspace root.
 const EBPF_CRATE: &str = "shaper-ebpf";
-/// The target, toolchain and flags `shaper-daemon/build.rs` builds the tc program with (its
-/// Debian route, which `cargo xtask setup` installs and the build script prefers), so that
-/// clippy sees the code the kernel gets.
-const BPF_TARGET: &str = "bpfel-unknown-none";
-const BPF_CARGO: &str = "/usr/bin/cargo";
-const BPF_RUSTC: &str = "/usr/bin/rustc";
-const BPF_RUSTFLAGS: &str = "-Ctarget-cpu=v3";
 /// Debian's clippy for that rustc (apt package `rust-web-clippy`): rustup's clippy belongs to
 /// another compiler, which has no `core` for the BPF target here.
 const BPF_CARGO_CLIPPY: &str = "/usr/bin/cargo-clippy";
@@ -67,8 +68,8 @@ fn clippy_bpf() -> anyhow::Result<()> {
         }
     }
     cmd.current_dir(ebpf_dir())
-        .env("CARGO", BPF_CARGO)
-        .env("RUSTC", BPF_RUSTC)
+        .env("CARGO", DEBIAN_CARGO)
+        .env("RUSTC", DEBIAN_RUSTC)
         // aya-ebpf uses unstable features (see shaper-daemon/build.rs).
         .env("RUSTC_BOOTSTRAP", "1")
         .env("CARGO_ENCODED_RUSTFLAGS", BPF_RUSTFLAGS)
@@ -82,23 +83,13 @@ fn clippy_bpf() -> anyhow::Result<()> {
 
 /// The host's target triple, as the BPF compiler reports it (`host:` in `rustc -vV`).
 fn host_triple() -> anyhow::Result<String> {
-    let out = Command::new(BPF_RUSTC).arg("-vV").output().with_context(|| format!("cannot run {BPF_RUSTC} -vV"))?;
+    let out =
+        Command::new(DEBIAN_RUSTC).arg("-vV").output().with_context(|| format!("cannot run {DEBIAN_RUSTC} -vV"))?;
     let text = String::from_utf8_lossy(&out.stdout);
     text.lines()
         .find_map(|line| line.strip_prefix("host: "))
         .map(str::to_owned)
-        .with_context(|| format!("`{BPF_RUSTC} -vV` printed no `host:` line: {text}"))
-}
-
-/// The environment variables set by or for the outer cargo that must not reach the BPF build
-/// (the same list as in `shaper-daemon/build.rs`).
-fn is_outer_build_setting(key: &str) -> bool {
-    (key.starts_with("CARGO_") && key != "CARGO_HOME")
-        || key.starts_with("RUSTC_WRAPPER")
-        || key == "RUSTC_WORKSPACE_WRAPPER"
-        || key.starts_with("CLIPPY_")
-        || key == "RUSTFLAGS"
-        || key == "RUSTDOC"
+        .with_context(|| format!("`{DEBIAN_RUSTC} -vV` printed no `host:` line: {text}"))
 }
 
 fn ebpf_dir() -> PathBuf {

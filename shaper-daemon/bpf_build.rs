@@ -1,0 +1,25 @@
+// How the tc program (`shaper-ebpf`) is compiled: included (`include!`) by the build script
+// that builds it (`shaper-daemon/build.rs`) and by the clippy stage that lints it
+// (`xtask/src/lint.rs`), so that clippy sees the code the kernel gets.
+
+/// The target the tc program is compiled for.
+pub const BPF_TARGET: &str = "bpfel-unknown-none";
+/// Debian's cargo and rustc (packages `cargo-web`, `rustc-web`), whose `core` for the BPF
+/// targets comes prebuilt (`libstd-rust-web-dev-bpf`).
+pub const DEBIAN_CARGO: &str = "/usr/bin/cargo";
+pub const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
+/// v3 is the first BPF ISA with atomic compare-and-exchange and fetch-and-add (kernel 5.12+),
+/// which the per-class pacing clock needs (see `shaper-ebpf/src/edt.rs`).
+pub const BPF_RUSTFLAGS: &str = "-Ctarget-cpu=v3";
+
+/// Whether the environment variable `key` is a setting by or for the outer cargo (the host
+/// build), which must not reach the cargo that builds the tc program.
+#[must_use]
+pub fn is_outer_build_setting(key: &str) -> bool {
+    (key.starts_with("CARGO_") && key != "CARGO_HOME")
+        || key.starts_with("RUSTC_WRAPPER")
+        || key == "RUSTC_WORKSPACE_WRAPPER"
+        || key.starts_with("CLIPPY_")
+        || key == "RUSTFLAGS"
+        || key == "RUSTDOC"
+}
