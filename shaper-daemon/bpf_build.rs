@@ -9,8 +9,11 @@ pub const BPF_TARGET: &str = "bpfel-unknown-none";
 pub const DEBIAN_CARGO: &str = "/usr/bin/cargo";
 pub const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
 /// v3 is the first BPF ISA with atomic compare-and-exchange and fetch-and-add (kernel 5.12+),
-/// which the per-class pacing clock needs (see `shaper-ebpf/src/edt.rs`).
-pub const BPF_RUSTFLAGS: &str = "-Ctarget-cpu=v3";
+/// which the per-class pacing clock needs (see `shaper-ebpf/src/edt.rs`). `--btf` has
+/// bpf-linker emit BTF from the debug info: the kernel takes a callback (`bpf_loop` in
+/// `shaper-ebpf/src/classify.rs`) only from a program whose functions BTF describes. The
+/// flags are separated by 0x1f, as `CARGO_ENCODED_RUSTFLAGS` wants.
+pub const BPF_RUSTFLAGS: &str = "-Ctarget-cpu=v3\x1f-Clink-arg=--btf";
 
 /// Whether the environment variable `key` is a setting by or for the outer cargo (the host
 /// build), which must not reach the cargo that builds the tc program.

@@ -75,7 +75,7 @@ pub fn delay_bucket(delay_ns: u64) -> usize {
 /// The version of the maps' layout (their key and value types and sizes). Pinned maps live in
 /// a directory named after it, so a shaperd whose maps differ never opens the pins of another:
 /// bump it whenever a map definition or a struct in this file changes.
-pub const MAP_LAYOUT_VERSION: u32 = 4;
+pub const MAP_LAYOUT_VERSION: u32 = 5;
 
 /// Map names, as they appear in the object file.
 pub mod maps {
@@ -159,6 +159,25 @@ pub const LINK_SLACK_PERCENT: u64 = 2;
 /// have been given, until the next tick allocates it its share; a packet of a sparse flow
 /// (one per 10 ms or less, within the sparse budget) still leaves at once.
 pub const CLASS_QUIET: u32 = 1;
+
+/// `ClassConfig::flags`: the class is paced above its guarantee, on bandwidth the allocator
+/// lent it. Its packets leave no earlier than the quiet classes' packets held behind the link
+/// clock (`LinkState::hold_ns`): a class that wakes takes its first packets' time from the
+/// borrowers, as HTB serves it ahead of them, rather than on top of what they were given.
+/// Classes within their guarantee are never held.
+pub const CLASS_BORROWING: u32 = 2;
+
+/// The link's state, one per interface slot in `LINKS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkState {
+    /// The link clock: when the bytes paced so far will have left at the link's rate (plus
+    /// its slack, `IfaceConfig::link_bytes`).
+    pub next_ns: u64,
+    /// When the packets quiet classes were given behind the link clock will have left; the
+    /// borrowers' packets wait for it ([`CLASS_BORROWING`]).
+    pub hold_ns: u64,
+}
 
 /// Number of tuples in use, and other global knobs; one entry in `GLOBALS`.
 #[repr(C)]
@@ -245,7 +264,7 @@ pub struct ClassConfig {
     pub codel_interval_ns: u64,
     /// Isolation inside the class: [`ISOLATE_NONE`], [`ISOLATE_HOST`] or [`ISOLATE_FLOW`].
     pub isolation: u32,
-    /// [`CLASS_QUIET`], or 0.
+    /// [`CLASS_QUIET`] or [`CLASS_BORROWING`], or 0.
     pub flags: u32,
     /// One host's (or flow's) fair share of the class's rate, bytes/s, as the daemon last
     /// estimated it; 0: no isolation. Each host has a clock at this rate: a host whose clock

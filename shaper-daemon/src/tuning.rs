@@ -88,7 +88,7 @@ pub fn measure(tick_ns: u64, headroom_percent: u64) -> Tuning {
     let jittery = Source::Jittery { bits: 2 * MBIT, stall_ns: 20 * MS, period_ns: 200 * MS };
     let jittery_run = run(&roommates([GREEDY, IDLE, IDLE, jittery]));
 
-    let on_off = Source::OnOff { bits: 4 * MBIT, on_ns: SECOND, off_ns: SECOND };
+    let on_off = Source::OnOff { bits: 4 * MBIT, on_ns: SECOND, off_ns: SECOND, phase_ns: 0 };
     let on_off_classes = roommates([GREEDY, on_off, udp, IDLE]);
     let on_off_run = run(&on_off_classes);
     let on = reference(LINK, &on_off_classes, &[u64::MAX, 4 * MBIT, 2 * MBIT, 0])[0];

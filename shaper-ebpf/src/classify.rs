@@ -7,6 +7,7 @@
 //! Tuples are sorted by the smallest rule index they hold, so once a match is found, every
 //! tuple whose smallest index is larger can be skipped.
 
+use aya_ebpf::{cty::c_void, helpers::bpf_loop};
 use shaper_common::{Globals, RuleKey, RuleTarget, MAX_TUPLES, PORT_SLOTS, RULE_KEY_WORDS};
 
 use crate::{DPORT_IDS, GLOBALS, RULES, SPORT_IDS, TUPLES};
@@ -37,42 +38,72 @@ pub fn classify(set: Globals, key: &RuleKey) -> Option<RuleTarget> {
 /// [`first_match`]'s answer when no rule matches.
 const NO_MATCH: u64 = u64::MAX;
 
+/// What [`first_match`] hands each step of its loop.
+#[repr(C)]
+struct Search {
+    /// The packet's key (on the caller's stack).
+    key: *const RuleKey,
+    /// The first `TUPLES` index of the active bank.
+    base: u32,
+    /// The smallest rule index matched so far (`u32::MAX`: none).
+    best_rule: u32,
+    /// Its target, packed as `rule << 32 | class`, or [`NO_MATCH`].
+    best: u64,
+}
+
 /// The first matching rule's target, packed as `rule << 32 | class`, or [`NO_MATCH`].
 ///
-/// Not inlined: its three masked copies of the key live in a stack frame of their own (the
-/// BPF stack is 512 bytes a frame, and the verifier adds up the frames of a call chain).
+/// The tuples are walked by the `bpf_loop` helper (kernel 5.17+): the verifier checks one
+/// step ([`tuple_step`]) once, rather than each of up to `MAX_TUPLES` unrolled steps for
+/// every path the parser leaves, which took Debian 6.1's verifier within 2 % of its
+/// million-instruction limit. Not inlined, and small: the verifier adds up the stack frames
+/// of a call chain (each rounded up to 32 bytes), the callback's included, within 512.
 #[inline(never)]
 fn first_match(count: u32, bank: u32, key: &RuleKey) -> u64 {
-    let base = (bank & 1) * MAX_TUPLES;
-    // SAFETY: RuleKey is repr(C), RULE_KEY_WORDS * 8 bytes long (asserted in shaper-common),
-    // and read_unaligned copes with its 4-byte alignment.
-    let words: [u64; RULE_KEY_WORDS] = unsafe { core::ptr::read_unaligned(core::ptr::from_ref(key).cast()) };
-    let mut best = NO_MATCH;
-    let mut best_rule = u32::MAX;
-    for i in 0..MAX_TUPLES {
-        if i >= count {
-            break;
-        }
-        let Some(tuple) = TUPLES.get(base + i) else { break };
-        if tuple.min_rule >= best_rule {
-            break;
-        }
-        let mut masked = [0u64; RULE_KEY_WORDS];
-        for w in 0..RULE_KEY_WORDS {
-            masked[w] = words[w] & tuple.mask[w];
-        }
-        // The tuple id (its `TUPLES` index) is the key's first field (bits 0..16 of word 0
-        // on little endian); masks never keep those bits.
-        masked[0] |= u64::from((base + i) as u16);
-        // SAFETY: same layout argument as above, in the other direction.
-        let lookup: RuleKey = unsafe { core::ptr::read_unaligned(masked.as_ptr().cast()) };
-        // SAFETY: the value is copied out at once; entries are replaced whole by userspace.
-        if let Some(target) = unsafe { RULES.get(&lookup) } {
-            if target.rule < best_rule {
-                best_rule = target.rule;
-                best = (u64::from(target.rule) << 32) | u64::from(target.class);
+    let mut search = Search { key, base: (bank & 1) * MAX_TUPLES, best_rule: u32::MAX, best: NO_MATCH };
+    let steps = if count < MAX_TUPLES { count } else { MAX_TUPLES };
+    // SAFETY: `tuple_step` has the callback signature `bpf_loop` expects; `search` and the
+    // key it points to outlive the call.
+    unsafe {
+        bpf_loop(steps, tuple_step as *mut c_void, core::ptr::addr_of_mut!(search).cast(), 0);
+    }
+    search.best
+}
+
+/// One step of [`first_match`]: looks the key up in tuple `index`; returns 1 to stop (no
+/// tuple left that could hold an earlier rule), 0 to go on.
+extern "C" fn tuple_step(index: u64, ctx: *mut c_void) -> i64 {
+    let search = ctx.cast::<Search>();
+    // SAFETY: `ctx` is first_match's `Search` (see there); no reference is kept.
+    let (base, best_rule) = unsafe { ((*search).base, (*search).best_rule) };
+    let slot = base + index as u32;
+    let Some(tuple) = TUPLES.get(slot) else { return 1 };
+    if tuple.min_rule >= best_rule {
+        return 1;
+    }
+    // SAFETY: as above; the key is first_match's caller's, alive for the whole loop.
+    let words = unsafe { (*search).key }.cast::<u64>();
+    let mut masked = [0u64; RULE_KEY_WORDS];
+    for (w, (word, mask)) in masked.iter_mut().zip(&tuple.mask).enumerate() {
+        // SAFETY: RuleKey is repr(C) and RULE_KEY_WORDS * 8 bytes long (asserted in
+        // shaper-common); read_unaligned copes with its 4-byte alignment.
+        *word = unsafe { core::ptr::read_unaligned(words.add(w)) } & mask;
+    }
+    // The tuple id (its `TUPLES` index) is the key's first field (bits 0..16 of word 0 on
+    // little endian); masks never keep those bits.
+    masked[0] |= u64::from(slot as u16);
+    // SAFETY: same layout argument as above; `masked` is 8-byte aligned, more than RuleKey
+    // needs, and is read in place.
+    let lookup = unsafe { &*masked.as_ptr().cast::<RuleKey>() };
+    // SAFETY: the value is copied out at once; entries are replaced whole by userspace.
+    if let Some(target) = unsafe { RULES.get(lookup) } {
+        if target.rule < best_rule {
+            // SAFETY: as above.
+            unsafe {
+                (*search).best_rule = target.rule;
+                (*search).best = (u64::from(target.rule) << 32) | u64::from(target.class);
             }
         }
     }
-    best
+    0
 }

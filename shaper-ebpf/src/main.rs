@@ -26,10 +26,10 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use shaper_common::{
-    delay_bucket, frames_ns, ClassConfig, ClassState, ClassStats, Globals, HostKey, HostState, IfaceConfig, RuleKey,
-    RuleTarget, Tuple, CLASS_QUIET, FLOW_SLOTS, HOST_SLOTS, IFACE_DOWNLOAD, IFACE_L3, ISOLATE_FLOW, ISOLATE_NONE,
-    MAX_CLASSES, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS, RULE_BANKS, SPARSE_MAX_QUEUE_FRAMES,
-    SPARSE_SHARE,
+    delay_bucket, frames_ns, ClassConfig, ClassState, ClassStats, Globals, HostKey, HostState, IfaceConfig, LinkState,
+    RuleKey, RuleTarget, Tuple, CLASS_BORROWING, CLASS_QUIET, FLOW_SLOTS, HOST_SLOTS, IFACE_DOWNLOAD, IFACE_L3,
+    ISOLATE_FLOW, ISOLATE_NONE, MAX_CLASSES, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS, RULE_BANKS,
+    SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
 };
 
 #[map]
@@ -56,10 +56,9 @@ static FLOWS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(FLOW_SLOTS, 0)
 /// (class, host or flow) → the host's clock at its fair share (isolation inside classes).
 #[map]
 static HOSTS: LruHashMap<HostKey, HostState> = LruHashMap::with_max_entries(HOST_SLOTS, 0);
-/// Interface slot → the link clock: when the bytes paced so far will have left at the link's
-/// rate (plus its slack, `IfaceConfig::link_bytes`).
+/// Interface slot → the link clock and the quiet classes' hold (`LinkState`).
 #[map]
-static LINKS: Array<u64> = Array::with_max_entries(MAX_INTERFACES, 0);
+static LINKS: Array<LinkState> = Array::with_max_entries(MAX_INTERFACES, 0);
 
 /// `__sk_buff.tstamp_type` value for a CLOCK_MONOTONIC delivery time
 /// (`BPF_SKB_TSTAMP_DELIVERY_MONO` since 5.18, renamed `BPF_SKB_CLOCK_MONOTONIC` in 6.11).
@@ -140,9 +139,43 @@ fn link_take(clock: *mut u64, cost: u64, now: u64) -> u64 {
     }
 }
 
+/// Holds the borrowers behind a quiet class's packet that waits for the link: the packet
+/// leaves at the link clock `committed`, or at its class's clock at `class_next` if that is
+/// later; the hold at `hold` moves to when it will have left (`cost` later), if that is
+/// later. Returns the packet's start. Two attempts: a lost race against another quiet
+/// packet leaves the later of the two, or one frame short. Not inlined, as `link_take`.
+#[inline(never)]
+fn hold_behind(hold: *mut u64, committed: u64, class_next: *mut u64, cost: u64) -> u64 {
+    // SAFETY: a pointer into an array map value (`CLASS_STATE`), valid for the program run.
+    let own = unsafe { core::ptr::read_volatile(class_next) };
+    let start = if own > committed { own } else { committed };
+    for _ in 0..2 {
+        // SAFETY: a pointer into an array map value (`LINKS`), which lives as long as the map.
+        let last = unsafe { core::ptr::read_volatile(hold) };
+        // SAFETY: as above.
+        if last >= start + cost || unsafe { edt::cas(hold, last, start + cost) } {
+            break;
+        }
+    }
+    start
+}
+
+/// The start of a borrower's packet: `t0`, or the hold at `hold` if later. Not inlined, as
+/// `link_take`.
+#[inline(never)]
+fn after_hold(hold: *mut u64, t0: u64) -> u64 {
+    // SAFETY: a pointer into an array map value (`LINKS`), which lives as long as the map.
+    let until = unsafe { core::ptr::read_volatile(hold) };
+    if until > t0 {
+        until
+    } else {
+        t0
+    }
+}
+
 /// One packet's time on the link clock.
 struct LinkSlot {
-    clock: Option<*mut u64>,
+    link: Option<*mut LinkState>,
     cost: u64,
 }
 
@@ -150,26 +183,51 @@ impl LinkSlot {
     #[inline(always)]
     fn new(iface: &IfaceConfig, bytes: u64) -> Self {
         let rate = iface.link_bytes;
-        let clock = if rate == 0 { None } else { LINKS.get_ptr_mut(iface.slot) };
-        Self { clock, cost: (bytes * NS).checked_div(rate).unwrap_or(0) }
+        let link = if rate == 0 { None } else { LINKS.get_ptr_mut(iface.slot) };
+        Self { link, cost: (bytes * NS).checked_div(rate).unwrap_or(0) }
     }
 
     /// Takes the packet's time on the link clock: returns when the bytes paced before it
     /// will have left (`now` at the latest, or if there is no link clock).
     #[inline(always)]
     fn take(&self, now: u64) -> u64 {
-        match self.clock {
-            Some(clock) => link_take(clock, self.cost, now),
+        match self.link {
+            // SAFETY: a pointer into an array map value; no reference is created.
+            Some(link) => link_take(unsafe { core::ptr::addr_of_mut!((*link).next_ns) }, self.cost, now),
             None => now,
+        }
+    }
+
+    /// A quiet class's packet waits for the link: it starts at `committed` (or its class's
+    /// clock at `class_next`, if later), and the borrowers are held behind it.
+    #[inline(always)]
+    fn hold_behind(&self, committed: u64, class_next: *mut u64) -> u64 {
+        match self.link {
+            // SAFETY: a pointer into an array map value; no reference is created.
+            Some(link) => {
+                hold_behind(unsafe { core::ptr::addr_of_mut!((*link).hold_ns) }, committed, class_next, self.cost)
+            }
+            None => committed,
+        }
+    }
+
+    /// A borrower's packet starts at `t0`, or behind the quiet classes' packets held for
+    /// the link.
+    #[inline(always)]
+    fn after_hold(&self, t0: u64) -> u64 {
+        match self.link {
+            // SAFETY: as above.
+            Some(link) => after_hold(unsafe { core::ptr::addr_of_mut!((*link).hold_ns) }, t0),
+            None => t0,
         }
     }
 
     /// Returns the packet's time, for a packet that is dropped after all.
     #[inline(always)]
     fn give_back(&self) {
-        if let Some(clock) = self.clock {
+        if let Some(link) = self.link {
             // SAFETY: as above.
-            unsafe { edt::give_back(clock, self.cost) };
+            unsafe { edt::give_back(core::ptr::addr_of_mut!((*link).next_ns), self.cost) };
         }
     }
 }
@@ -317,10 +375,13 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
         return sent.record(stats, t0);
     }
     // A quiet class's packet leaves behind what the link has committed (see `CLASS_QUIET`),
-    // unless its flow is sparse and the class's sparse budget has room.
+    // unless its flow is sparse and the class's sparse budget has room; a borrower's behind
+    // the quiet classes' packets held there (`CLASS_BORROWING`).
     let start =
         if committed > t0 && config.flags & CLASS_QUIET != 0 && !(segs == 1 && on_time(state, flow_last, now, cost)) {
-            committed
+            link.hold_behind(committed, next)
+        } else if config.flags & CLASS_BORROWING != 0 {
+            link.after_hold(t0)
         } else {
             t0
         };
@@ -394,13 +455,15 @@ fn share(config: &ClassConfig, host: &[u8; 16], class_hash: u64, bytes: u64, sta
     // The key is built here, in this function's frame; `class_hash` is the class id and the
     // flow hash, packed (five arguments at most).
     let (class, hash) = ((class_hash >> 32) as u32, class_hash as u32);
-    let addr = if config.isolation == ISOLATE_FLOW {
-        let h = hash.to_ne_bytes();
-        [h[0], h[1], h[2], h[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    // Built in place: an array built element by element took a stack slot per byte, and this
+    // frame counts within the 512 bytes the verifier allows a call chain.
+    let mut key = HostKey { class, kind: config.isolation, addr: [0; 16] };
+    if config.isolation == ISOLATE_FLOW {
+        key.addr[..4].copy_from_slice(&hash.to_ne_bytes());
     } else {
-        *host
-    };
-    let key = &HostKey { class, kind: config.isolation, addr };
+        key.addr = *host;
+    }
+    let key = &key;
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let epoch = classify::rule_set().epoch;

@@ -1,8 +1,13 @@
 //! Header parsing: Ethernet (with at most one 802.1Q/802.1ad tag), IPv4, IPv6 (extension
 //! headers skipped up to a fixed bound), TCP, UDP. Every read goes through
 //! `bpf_skb_load_bytes`, which checks the offset against the packet length at run time, so a
-//! truncated packet makes the read fail instead of reading past the end; a failed read or an
-//! inconsistent header makes the whole parse fail and the packet goes to the default class.
+//! truncated packet makes the read fail instead of reading past the end. A packet whose IP
+//! header is sound is classified on what it tells (addresses, DSCP, protocol) even when what
+//! follows cannot be read (IPv4 options or a transport header cut short, more IPv6 extension
+//! headers than the parser follows): rules on ports do not match it, but it stays in its
+//! host's class rather than leave by the default class, which a host could otherwise reach
+//! on purpose. A failed read or an inconsistent header before that makes the parse fail, and
+//! the packet goes to the default class.
 
 use aya_ebpf::programs::TcContext;
 use shaper_common::RuleKey;
@@ -110,11 +115,12 @@ fn parse_v4(ctx: &TcContext, off: usize, key: &mut RuleKey) -> Result<Parsed, Ma
     if frag_off != 0 {
         return Ok(Parsed { l3: off as u32, ecn, ..Parsed::empty() });
     }
-    // Options beyond the fixed header must be present too.
-    if ihl > 20 {
-        let _: u8 = ctx.load(off + ihl - 1)?;
+    // Options beyond the fixed header must be present too; without them, or without a
+    // sound transport header, the packet is classified on its IP header alone.
+    if ihl > 20 && ctx.load::<u8>(off + ihl - 1).is_err() {
+        return Ok(Parsed { l3: off as u32, ecn, ..Parsed::empty() });
     }
-    let p = transport(ctx, off + ihl, h[9])?;
+    let p = transport(ctx, off + ihl, h[9]).unwrap_or(Parsed::empty());
     Ok(Parsed { l3: off as u32, ecn, ..p })
 }
 
@@ -137,17 +143,17 @@ fn parse_v6(ctx: &TcContext, off: usize, key: &mut RuleKey) -> Result<Parsed, Ma
     for _ in 0..MAX_V6_EXT_HEADERS {
         match next {
             IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => {
-                let e: [u8; 2] = ctx.load(off)?;
+                let Ok(e) = ctx.load::<[u8; 2]>(off) else { break };
                 next = e[0];
                 off += (usize::from(e[1]) + 1) * 8;
             }
             IPPROTO_AH => {
-                let e: [u8; 2] = ctx.load(off)?;
+                let Ok(e) = ctx.load::<[u8; 2]>(off) else { break };
                 next = e[0];
                 off += (usize::from(e[1]) + 2) * 4;
             }
             IPPROTO_FRAGMENT => {
-                let e: [u8; 4] = ctx.load(off)?;
+                let Ok(e) = ctx.load::<[u8; 4]>(off) else { break };
                 next = e[0];
                 if be16([e[2], e[3]]) & 0xfff8 != 0 {
                     first_fragment = false;
@@ -160,15 +166,13 @@ fn parse_v6(ctx: &TcContext, off: usize, key: &mut RuleKey) -> Result<Parsed, Ma
             }
         }
     }
-    if !done {
-        // A chain longer than the bound: the upper-layer protocol is unknown.
-        return Err(Malformed);
-    }
+    // The header the chain stopped at: the upper-layer protocol, or, for a chain longer than
+    // the bound or cut short, the extension header where the parser gave up.
     key.proto = next;
-    if !first_fragment {
+    if !done || !first_fragment {
         return Ok(Parsed { l3, ecn, ..Parsed::empty() });
     }
-    let p = transport(ctx, off, next)?;
+    let p = transport(ctx, off, next).unwrap_or(Parsed::empty());
     Ok(Parsed { l3, ecn, ..p })
 }
 

@@ -17,11 +17,15 @@
 //!   paced at its wake rate, its packets are given their times as HTB would send them, and
 //!   the borrowers are moved down at the next tick. Meanwhile the link's rate has been given
 //!   out already, so a quiet class's packets wait behind the link clock
-//!   (`shaper_common::CLASS_QUIET`): behind the departures the busy classes have been given,
-//!   taking what the link has left. The link so keeps its rate while classes wake (alone
-//!   or several in a tick); a waking transfer starts behind the link's queue (a few ms under
-//!   CoDel) and gets its share from the next tick, its clock carrying that delay on; a
-//!   sparse flow's packet (a ping, DNS) still leaves at once, within the sparse budget.
+//!   (`shaper_common::CLASS_QUIET`): behind the departures the busy classes have been given.
+//!   The classes paced above their guarantee ([`Mode::Borrowing`]) wait in turn behind the
+//!   quiet packets so placed (`shaper_common::CLASS_BORROWING`): the time a waking class
+//!   takes is the borrowers', not on top of theirs, as HTB serves a class that wakes ahead
+//!   of those that borrow. The link so keeps its rate while classes wake, alone, several in
+//!   a tick, or one after another next to borrowers that fill the link; a waking transfer
+//!   starts behind the link's queue (a few ms under CoDel) and gets its share from the next
+//!   tick, its clock carrying that delay on; a sparse flow's packet (a ping, DNS) still
+//!   leaves at once, within the sparse budget. Classes within their guarantee never wait.
 //!
 //!   A class is quiet when it is not limited and wants at most 1/[`QUIET_DIVISOR`] of its
 //!   wake rate. The wake rates cost one allocation each; they are refreshed round-robin
@@ -56,9 +60,23 @@ pub struct Rates {
     pub allocation: Vec<u64>,
     /// The rate each leaf is paced at (inner nodes: their allocation).
     pub pacing: Vec<u64>,
-    /// Whether each leaf is quiet: paced at its wake rate, behind the link clock
+    /// How each leaf's packets stand against the link clock (inner nodes: the default).
+    pub mode: Vec<Mode>,
+}
+
+/// How a leaf's packets stand against the link clock.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Paced at its allocation, within its guarantee: it keeps to its own clock.
+    #[default]
+    Allocated,
+    /// Paced above its guarantee: its packets wait for those of the quiet classes held
+    /// behind the link clock (`shaper_common::CLASS_BORROWING`), so that a class that wakes
+    /// takes its first packets' time from the borrowers rather than on top of them.
+    Borrowing,
+    /// Paced at its wake rate: its packets leave behind the link clock
     /// (`shaper_common::CLASS_QUIET`).
-    pub quiet: Vec<bool>,
+    Quiet,
 }
 
 /// What the pacer knows of one leaf at a tick (inner nodes: the default).
@@ -96,15 +114,22 @@ impl Pacer {
         let allocated = self.settler.settle(tree, &tree.allocate(&demand), &backlog, now_ns);
         self.refresh_wake(tree, &demand, leaves);
         let mut pacing = Self::lend(tree, &allocated, leaves, self.settler.committed);
-        let mut quiet = vec![false; n];
+        let mut mode = vec![Mode::Allocated; n];
         for i in (1..n).filter(|&i| tree.is_leaf(i)) {
             let wake = self.wake[i];
-            quiet[i] = !leaves[i].limited && demand[i] <= wake / QUIET_DIVISOR;
-            let rate = if quiet[i] { pacing[i].max(wake) } else { pacing[i] };
-            pacing[i] = rate.max(tree.nodes[i].rate);
+            let guarantee = tree.nodes[i].rate;
+            if !leaves[i].limited && demand[i] <= wake / QUIET_DIVISOR {
+                mode[i] = Mode::Quiet;
+                pacing[i] = pacing[i].max(wake).max(guarantee);
+            } else {
+                if pacing[i] > guarantee {
+                    mode[i] = Mode::Borrowing;
+                }
+                pacing[i] = pacing[i].max(guarantee);
+            }
             self.settler.paced_at(i, pacing[i]);
         }
-        Rates { allocation: allocated, pacing, quiet }
+        Rates { allocation: allocated, pacing, mode }
     }
 
     /// Each node's allocation, plus what is left of the link over the leaves' allocations
@@ -315,6 +340,18 @@ mod tests {
         // moved down at once.
         let r = tick(&mut p, &tree, &[0, u64::MAX, u64::MAX], &[false, true, true], &[0, 10 * MS, 5 * MS], 10 * MS);
         assert_eq!((r.pacing[1], r.pacing[2]), (1_900_000, 8_100_000));
+    }
+
+    #[test]
+    fn a_class_paced_above_its_guarantee_borrows_and_one_that_sends_little_is_quiet() {
+        // Seed 000: alex (1.9, prio 1) greedy, betty (2.9) streams 1 mbit/s, the guest idle.
+        let tree = flat(vec![leaf(1_900_000, 1), leaf(2_900_000, 1), leaf(300_000, 0)]);
+        let mut p = Pacer::default();
+        let r = tick(&mut p, &tree, &[0, u64::MAX, MBIT, 0], &[false, true, false, false], &[0, 10 * MS, 0, 0], 0);
+        // Alex is paced at what betty leaves, over his guarantee: he waits behind the quiet
+        // classes' packets. Betty, within hers, never waits; the guest is quiet.
+        assert_eq!(r.mode[1..], [Mode::Borrowing, Mode::Allocated, Mode::Quiet]);
+        assert!(r.pacing[1] > 1_900_000 && r.pacing[2] >= 2_900_000, "{:?}", r.pacing);
     }
 
     #[test]

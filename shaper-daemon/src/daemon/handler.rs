@@ -111,7 +111,7 @@ impl State {
             };
             if leaf {
                 self.datapath
-                    .set_class(id, class_config(class, entry.pacing_rate, entry.share, entry.quiet))
+                    .set_class(id, class_config(class, entry.pacing_rate, entry.share, entry.mode))
                     .map_err(internal)?;
             }
             entries.push(entry);

@@ -117,7 +117,7 @@ impl Installed {
                     let paced = Rate::from_bits_per_sec(datapath.class_config(id)?.rate_bytes.saturating_mul(8));
                     entry.pacing_rate = paced.max(class.rate).min(class.ceil);
                 }
-                datapath.set_class(id, class_config(class, entry.pacing_rate, entry.share, entry.quiet))?;
+                datapath.set_class(id, class_config(class, entry.pacing_rate, entry.share, entry.mode))?;
             }
             classes.push(entry);
         }

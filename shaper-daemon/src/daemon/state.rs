@@ -11,7 +11,8 @@ use std::{
 
 use nix::time::{clock_gettime, ClockId};
 use shaper_common::{
-    frames_ns, ClassConfig, CLASS_QUIET, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, ISOLATE_FLOW, ISOLATE_HOST, ISOLATE_NONE,
+    frames_ns, ClassConfig, CLASS_BORROWING, CLASS_QUIET, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, ISOLATE_FLOW,
+    ISOLATE_HOST, ISOLATE_NONE,
 };
 use tokio::sync::watch;
 use tracing::{debug, warn};
@@ -20,7 +21,7 @@ use super::{Options, Shared};
 use crate::{
     allocation::{
         demand::{self, Counters, Estimator, Observation},
-        pacing::{self, Pacer},
+        pacing::{self, Mode, Pacer},
         tree::Tree,
     },
     api::{ApiError, ClassStatus, Status},
@@ -49,8 +50,8 @@ pub(super) struct ClassEntry {
     throughput: Rate,
     /// Whether the estimator found the class limited by its pacing rate at the last tick.
     limited: bool,
-    /// Whether the class is paced at its wake rate, behind the link clock (`CLASS_QUIET`).
-    pub(super) quiet: bool,
+    /// How the class's packets stand against the link clock (quiet, borrowing).
+    pub(super) mode: Mode,
     /// Isolation: one host's fair share of the class (bits/s; 0 before the first tick).
     pub(super) share: u64,
     /// The isolation counters at the last tick: bytes from light hosts, hosts over their
@@ -71,7 +72,7 @@ impl ClassEntry {
             allocation: Rate::ZERO,
             estimator: Estimator::new(),
             throughput: Rate::ZERO,
-            quiet: false,
+            mode: Mode::Allocated,
             limited: false,
             share: 0,
             share_counters: (0, 0, 0),
@@ -142,8 +143,8 @@ pub(super) struct State {
 }
 
 /// The datapath's settings of a leaf class paced at `rate`, whose hosts' fair share is
-/// `share` (bits/s; 0: none yet), quiet or not (see `pacing`).
-pub(super) fn class_config(class: &Class, rate: Rate, share: u64, quiet: bool) -> ClassConfig {
+/// `share` (bits/s; 0: none yet), in `mode` (see `pacing`).
+pub(super) fn class_config(class: &Class, rate: Rate, share: u64, mode: Mode) -> ClassConfig {
     let (target, interval) =
         class.aqm.map_or((0, 0), |a| codel_params(horizon_ns(a.target), horizon_ns(a.interval), rate));
     let isolation = match class.isolation {
@@ -165,7 +166,11 @@ pub(super) fn class_config(class: &Class, rate: Rate, share: u64, quiet: bool) -
         codel_target_ns: target,
         codel_interval_ns: interval,
         isolation,
-        flags: if quiet { CLASS_QUIET } else { 0 },
+        flags: match mode {
+            Mode::Allocated => 0,
+            Mode::Borrowing => CLASS_BORROWING,
+            Mode::Quiet => CLASS_QUIET,
+        },
         share_bytes,
         share_horizon_ns: (horizon_ns(class.horizon) / 2).max(slack * 4),
         share_slack_ns: slack,
@@ -295,17 +300,16 @@ impl State {
                 let pacing = Rate::from_bits_per_sec(rates.pacing[node]);
                 let (under, over, near) = hosts[node];
                 let share = demand::fair_share(pacing.bits_per_sec(), entry.limited, under, over, near, entry.share);
-                let quiet = rates.quiet[node];
-                // Rewritten when the rate or quietness changes, or the share by more than 1/32.
-                if pacing != entry.pacing_rate || quiet != entry.quiet || share.abs_diff(entry.share) > entry.share / 32
-                {
-                    self.datapath.set_class(entry.id, class_config(spec, pacing, share, quiet))?;
+                let mode = rates.mode[node];
+                // Rewritten when the rate or the mode changes, or the share by more than 1/32.
+                if pacing != entry.pacing_rate || mode != entry.mode || share.abs_diff(entry.share) > entry.share / 32 {
+                    self.datapath.set_class(entry.id, class_config(spec, pacing, share, mode))?;
                     if pacing != entry.pacing_rate {
                         debug!(class = %spec.name, from = %entry.pacing_rate, to = %pacing, "rate");
                     }
                     entry.pacing_rate = pacing;
                     entry.share = share;
-                    entry.quiet = quiet;
+                    entry.mode = mode;
                 }
             }
         }

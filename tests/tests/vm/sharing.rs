@@ -768,14 +768,15 @@ fn classes_that_wake_together_keep_to_the_link() {
     // Receive times in the emulated VM come late in bunches now and then, which a window
     // catches (either system, waking or not: up to 10 % over the link). So the medians of the
     // five phases are compared: the waking half second may exceed the worst steady one (ours
-    // or HTB's, or HTB's waking one) by 5 % and a frame per class (a new flow's first packet
-    // leaves at once, and a class's clock restarts a frame early, as HTB's burst lets it).
-    // The model holds the link clock to its slack (2 %) and three frames; in the VM the
-    // medians run 3-7 % over our steady windows (133-139 KB against 130-133 KB), the worst
-    // phases 9 %, a part of the tick's worth a wake can put on the wire that is not found
-    // yet. Without the link clock: 150 KB in one run (120 % of the link).
+    // or HTB's, or HTB's waking one) by the link clock's slack (2 %) and a frame per class (a
+    // new flow's first packet leaves at once). In the VM the senders do not wake in the same
+    // tick: a class that wakes next to others already allocated the link took its first
+    // packets' time on top of theirs (medians 133-142 KB, worst phases 150-164 KB, until the
+    // borrowers waited behind the quiet classes' packets, `CLASS_BORROWING`); since, medians
+    // 130-133 KB in three runs against HTB's 129-132. Without the link clock: 150 KB in one run
+    // (120 % of the link).
     let reference = median(&htb.busiest_waking).max(median(&htb.busiest_on)).max(median(&ours.busiest_on));
-    let bar = reference + window * 0.05 + 3.0 * 1514.0;
+    let bar = reference + window * 0.02 + 3.0 * 1514.0;
     let mut failures = Vec::new();
     check(&mut failures, ours.busiest_waking.len() >= 4, || {
         format!("{} on phases measured", ours.busiest_waking.len())
@@ -784,7 +785,7 @@ fn classes_that_wake_together_keep_to_the_link() {
     check(&mut failures, waking <= bar, || {
         format!(
             "{waking:.0} B crossed the link in 100 ms as the classes woke (median of the phases), above {bar:.0} (the \
-             busiest steady or HTB window {reference:.0} B, 5 % and three frames)"
+             busiest steady or HTB window {reference:.0} B, 2 % and three frames)"
         )
     });
     check_shares(&mut failures, "shaper", &flows, &expected, &ours);
