@@ -8,7 +8,8 @@
 //!
 //! ```text
 //! → {"cmd":"status"}
-//! ← {"Ok":{"status":{"config":"/etc/shaper/shaper.toml","generation":2,"classes":[
+//! ← {"Ok":{"status":{"config":"/etc/shaper/shaper.toml","generation":2,
+//!     "unsaved":["class alex: prio 1 -> 0"],"classes":[
 //!     {"name":"alex","interface":"lan0","parent":null,"leaf":true,"rate":1900000,
 //!      "ceil":10000000,"prio":1,"pacing_rate":3960000,"allocation":3880000,
 //!      "throughput":3950000,"limited":true,"bytes":48211040,"packets":31843,"drops":12,
@@ -21,8 +22,8 @@
 //! ← {"Ok":{"changed":{"generation":3,"changes":["class alex: rate 1.9mbit -> 2mbit"]}}}
 //! → {"cmd":"set-rate","class":"nobody","rate":"2mbit"}
 //! ← {"Err":{"kind":"unknown-class","message":"/etc/shaper/shaper.toml: no class named `nobody`; classes: alex, betty"}}
-//! → {"cmd":"set-ceil","class":"alex","ceil":8000000}
-//! ← {"Ok":{"changed":{"generation":4,"changes":["class alex: ceil 10mbit -> 8mbit"]}}}
+//! → {"cmd":"set-ceil","class":"alex","ceil":8000000,"save":true}
+//! ← {"Ok":{"changed":{"generation":4,"changes":["class alex: ceil 10mbit -> 8mbit"],"saved":"/etc/shaper/shaper.toml"}}}
 //! → {"cmd":"set-prio","class":"alex","prio":0}
 //! ← {"Ok":{"changed":{"generation":5,"changes":["class alex: prio 1 -> 0"]}}}
 //! → {"cmd":"reload"}
@@ -35,15 +36,19 @@
 //! | `cmd` | fields | does |
 //! |---|---|---|
 //! | `status` | | every class: configuration, allocation, throughput, counters |
-//! | `set-rate` | `class`, `rate` | changes a class's guaranteed rate |
-//! | `set-ceil` | `class`, `ceil` | changes a class's ceiling |
-//! | `set-prio` | `class`, `prio` | changes a class's priority (0-7, lower first) |
+//! | `set-rate` | `class`, `rate`, `save` | changes a class's guaranteed rate |
+//! | `set-ceil` | `class`, `ceil`, `save` | changes a class's ceiling |
+//! | `set-prio` | `class`, `prio`, `save` | changes a class's priority (0-7, lower first) |
 //! | `reload` | | re-reads the configuration file (as SIGHUP does) |
 //!
 //! A change is made to the configuration's text and the result is validated as a whole file
 //! would be (children's rates within the parent's, ceil at least rate...), then applied to
 //! the datapath at once: nothing is applied when anything is wrong. Every applied change
-//! increments the configuration *generation*.
+//! increments the configuration *generation*. With `"save":true` shaperd also writes the
+//! change into the configuration file (the file as it is on disk, with that one key changed,
+//! comments and permissions kept, replaced atomically); the file's change is validated before
+//! anything is applied, and a write that fails after the change was applied is an error of
+//! kind `not-saved`. `status` lists the changes not saved (`unsaved`).
 //!
 //! A reply is `Result<Response, ApiError>` as serde writes it (`{"Ok": …}` or `{"Err": …}`).
 //! A line longer than [`MAX_LINE`] bytes, or that is not a request, gets an `Err` reply of
@@ -93,12 +98,27 @@ pub enum Request {
     /// Every class with its configuration, current rate and counters. (A struct variant, so
     /// that unknown fields are refused as for the others.)
     Status {},
-    /// Sets a class's guaranteed rate.
-    SetRate { class: String, rate: Rate },
-    /// Sets a class's ceiling.
-    SetCeil { class: String, ceil: Rate },
-    /// Sets a class's priority.
-    SetPrio { class: String, prio: u8 },
+    /// Sets a class's guaranteed rate; with `save`, also in the configuration file.
+    SetRate {
+        class: String,
+        rate: Rate,
+        #[serde(default, skip_serializing_if = "is_false")]
+        save: bool,
+    },
+    /// Sets a class's ceiling; with `save`, also in the configuration file.
+    SetCeil {
+        class: String,
+        ceil: Rate,
+        #[serde(default, skip_serializing_if = "is_false")]
+        save: bool,
+    },
+    /// Sets a class's priority; with `save`, also in the configuration file.
+    SetPrio {
+        class: String,
+        prio: u8,
+        #[serde(default, skip_serializing_if = "is_false")]
+        save: bool,
+    },
     /// Re-reads the configuration file.
     Reload {},
 }
@@ -108,11 +128,19 @@ pub enum Request {
 #[serde(rename_all = "kebab-case")]
 pub enum Response {
     Status(Status),
-    /// A change was applied: the new configuration generation and what changed.
+    /// A change was applied: the new configuration generation and what changed; `saved`:
+    /// the file it was also written into.
     Changed {
         generation: u64,
         changes: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        saved: Option<PathBuf>,
     },
+}
+
+#[expect(clippy::trivially_copy_pass_by_ref, reason = "serde's skip_serializing_if passes a reference")]
+fn is_false(b: &bool) -> bool {
+    !b
 }
 
 /// What `status` reports.
@@ -122,6 +150,10 @@ pub struct Status {
     pub config: PathBuf,
     /// Incremented by every applied change (runtime change or reload).
     pub generation: u64,
+    /// What the running configuration changes from the file as shaperd last read or wrote it
+    /// (runtime changes made without `save`), one line per change; lost on a reload.
+    #[serde(default)]
+    pub unsaved: Vec<String>,
     pub classes: Vec<ClassStatus>,
 }
 
@@ -207,6 +239,10 @@ pub enum ApiError {
     InvalidConfig { message: String },
     #[error("{message}")]
     Internal { message: String },
+    /// The change was applied, but writing it into the file failed (`status` lists it as
+    /// unsaved).
+    #[error("{message}")]
+    NotSaved { message: String },
 }
 
 /// One reply line.
@@ -461,9 +497,9 @@ mod tests {
     #[test]
     fn requests_round_trip_and_accept_both_rate_spellings() {
         let r: Request = serde_json::from_str(r#"{"cmd":"set-rate","class":"alex","rate":"2mbit"}"#).unwrap();
-        assert_eq!(r, Request::SetRate { class: "alex".into(), rate: Rate::from_bits_per_sec(2_000_000) });
+        assert_eq!(r, Request::SetRate { class: "alex".into(), rate: Rate::from_bits_per_sec(2_000_000), save: false });
         let r: Request = serde_json::from_str(r#"{"cmd":"set-rate","class":"alex","rate":2000000}"#).unwrap();
-        assert_eq!(r, Request::SetRate { class: "alex".into(), rate: Rate::from_bits_per_sec(2_000_000) });
+        assert_eq!(r, Request::SetRate { class: "alex".into(), rate: Rate::from_bits_per_sec(2_000_000), save: false });
         assert_eq!(serde_json::to_string(&Request::Status {}).unwrap(), r#"{"cmd":"status"}"#);
         assert!(serde_json::from_str::<Request>(r#"{"cmd":"status","x":1}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"cmd":"reboot"}"#).is_err());
@@ -471,8 +507,11 @@ mod tests {
 
     #[test]
     fn replies_carry_rates_in_bits_per_second() {
-        let ok: Reply =
-            Ok(Response::Changed { generation: 2, changes: vec!["class alex: rate 2mbit -> 1.9mbit".into()] });
+        let ok: Reply = Ok(Response::Changed {
+            generation: 2,
+            changes: vec!["class alex: rate 2mbit -> 1.9mbit".into()],
+            saved: None,
+        });
         assert_eq!(
             serde_json::to_string(&ok).unwrap(),
             r#"{"Ok":{"changed":{"generation":2,"changes":["class alex: rate 2mbit -> 1.9mbit"]}}}"#
@@ -488,9 +527,11 @@ mod tests {
         async fn handle(&self, request: Request) -> Reply {
             match request {
                 Request::Status {} => Ok(Response::Status(Status::default())),
-                Request::SetRate { class, rate } => {
-                    Ok(Response::Changed { generation: 1, changes: vec![format!("class {class}: rate {rate}")] })
-                }
+                Request::SetRate { class, rate, .. } => Ok(Response::Changed {
+                    generation: 1,
+                    changes: vec![format!("class {class}: rate {rate}")],
+                    saved: None,
+                }),
                 _ => Err(ApiError::Internal { message: "not in this test".into() }),
             }
         }
@@ -513,10 +554,10 @@ mod tests {
         });
         let mut client = Client::connect(&path).await.unwrap();
         assert_eq!(client.call(&Request::Status {}).await.unwrap(), Ok(Response::Status(Status::default())));
-        let set = Request::SetRate { class: "a".into(), rate: Rate::from_bits_per_sec(8) };
+        let set = Request::SetRate { class: "a".into(), rate: Rate::from_bits_per_sec(8), save: false };
         assert_eq!(
             client.call(&set).await.unwrap(),
-            Ok(Response::Changed { generation: 1, changes: vec!["class a: rate 8bit".into()] })
+            Ok(Response::Changed { generation: 1, changes: vec!["class a: rate 8bit".into()], saved: None })
         );
 
         let mut raw = UnixStream::connect(&path).await.unwrap();

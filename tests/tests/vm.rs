@@ -11,6 +11,7 @@
 )]
 
 use std::{
+    os::unix::fs::PermissionsExt as _,
     process::Child,
     thread::sleep,
     time::{Duration, Instant},
@@ -753,15 +754,24 @@ fn operations_runtime_changes_reload_and_prometheus() {
         String::from_utf8(out.stdout).unwrap()
     };
 
-    // Runtime changes, one saved into the file with its comments kept.
+    // Runtime changes, one saved into the file by shaperd, with its comments and permissions
+    // kept; the other listed as unsaved until a reload drops it.
+    let unsaved = |topo: &Topology| topo.status()["unsaved"].clone();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
     let out = ok(topo.ctl(&["set-ceil", "guest", "5mbit", "--save"]));
-    assert!(out.contains("class guest: ceil 10mbit -> 5mbit"), "{out}");
+    assert!(out.contains("class guest: ceil 10mbit -> 5mbit") && out.contains("saved to"), "{out}");
     let saved = std::fs::read_to_string(&file).unwrap();
     assert_eq!(saved, ROOMMATES.replacen("ceil = \"10mbit\"\nprio = 0", "ceil = \"5mbit\"\nprio = 0", 1));
+    assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o640);
     assert_eq!(class(&topo, "guest").unwrap()["ceil"], 5_000_000);
+    assert_eq!(unsaved(&topo), serde_json::json!([]));
     ok(topo.ctl(&["set-prio", "alex", "0"]));
     assert_eq!(class(&topo, "alex").unwrap()["prio"], 0);
     assert_eq!(generation(&topo), 2);
+    assert_eq!(unsaved(&topo), serde_json::json!(["class alex: prio 1 -> 0"]));
+    let out = ok(topo.ctl(&["status"]));
+    assert!(out.contains("unsaved: class alex: prio 1 -> 0"), "{out}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), saved, "an unsaved change leaves the file alone");
     let bad = topo.ctl(&["set-ceil", "alex", "1mbit"]);
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && err.contains("ceil"), "{err}");
@@ -791,6 +801,7 @@ fn operations_runtime_changes_reload_and_prometheus() {
     assert!(out.contains("class dave: added") && out.contains("class carl: removed"), "{out}");
     assert!(class(&topo, "carl").is_none());
     assert_eq!(generation(&topo), 3);
+    assert_eq!(unsaved(&topo), serde_json::json!([]), "the reload ran the file as it is");
 
     // Prometheus scrapes shaperd (127.0.0.1:9640 in the gateway's namespace) while dave's
     // host sends a greedy flow.

@@ -12,10 +12,7 @@ use std::{
 use clap::{CommandFactory as _, Parser, Subcommand};
 use shaper::{
     api::{ApiError, ClassStatus, Client, Request, Response, SocketError, Status, DEFAULT_SOCKET, SOCKET_ENV},
-    config::{
-        edit::{self, ClassKey, NewValue},
-        Config,
-    },
+    config::Config,
     rate::Rate,
     ErrorChain,
 };
@@ -55,7 +52,9 @@ enum Command {
         class: String,
         /// Rate in tc's spelling: 500kbit, 2mbit, 1gbit, 125kbps (bytes/s)...
         rate: Rate,
-        /// Also write the change into the configuration file, keeping its comments and layout.
+        /// Also have shaperd write the change into its configuration file, keeping its
+        /// comments, layout and permissions (without it, `status` lists the change as unsaved
+        /// and a reload undoes it).
         #[arg(long)]
         save: bool,
     },
@@ -170,6 +169,9 @@ fn render_status(status: &Status) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(out, "config {} (generation {})", status.config.display(), status.generation);
+    for change in &status.unsaved {
+        let _ = writeln!(out, "unsaved: {change} (set-* --save writes a change; reload drops it)");
+    }
     let _ = writeln!(
         out,
         "{:<20} {:<8} {:>4} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8} {:>9} {:>10}",
@@ -198,20 +200,9 @@ fn render_status(status: &Status) -> String {
     out
 }
 
-/// Writes the same change into the configuration file the daemon runs from.
-async fn save(socket: &Path, class: &str, key: ClassKey, value: &NewValue) -> Result<(), Failure> {
-    let Response::Status(status) = call(socket, &Request::Status {}).await? else {
-        return Err(Failure::Other("shaperd answered status with something else".into()));
-    };
-    edit::save_class_key(&status.config, class, key, value)
-        .map_err(|e| Failure::Other(format!("the change is applied but was not saved: {}", ErrorChain(&e))))?;
-    println!("saved to {}", status.config.display());
-    Ok(())
-}
-
-async fn change(socket: &Path, request: Request, save_as: Option<(&str, ClassKey, NewValue)>) -> Result<(), Failure> {
+async fn change(socket: &Path, request: Request) -> Result<(), Failure> {
     let response = call(socket, &request).await?;
-    if let Response::Changed { generation, changes } = &response {
+    if let Response::Changed { generation, changes, saved } = &response {
         for c in changes {
             println!("{c}");
         }
@@ -219,9 +210,9 @@ async fn change(socket: &Path, request: Request, save_as: Option<(&str, ClassKey
             println!("no change");
         }
         println!("generation {generation}");
-    }
-    if let Some((class, key, value)) = save_as {
-        save(socket, class, key, &value).await?;
+        if let Some(path) = saved {
+            println!("saved to {}", path.display());
+        }
     }
     Ok(())
 }
@@ -258,19 +249,10 @@ async fn execute(args: Args) -> Result<(), Failure> {
                 tokio::time::sleep(Duration::from_secs_f64(interval)).await;
             }
         }
-        Command::SetRate { class, rate, save } => {
-            let saved = save.then(|| (class.as_str(), ClassKey::Rate, NewValue::Rate(rate.to_string())));
-            change(socket, Request::SetRate { class: class.clone(), rate }, saved).await?;
-        }
-        Command::SetCeil { class, ceil, save } => {
-            let saved = save.then(|| (class.as_str(), ClassKey::Ceil, NewValue::Rate(ceil.to_string())));
-            change(socket, Request::SetCeil { class: class.clone(), ceil }, saved).await?;
-        }
-        Command::SetPrio { class, prio, save } => {
-            let saved = save.then_some((class.as_str(), ClassKey::Prio, NewValue::Prio(prio)));
-            change(socket, Request::SetPrio { class: class.clone(), prio }, saved).await?;
-        }
-        Command::Reload => change(socket, Request::Reload {}, None).await?,
+        Command::SetRate { class, rate, save } => change(socket, Request::SetRate { class, rate, save }).await?,
+        Command::SetCeil { class, ceil, save } => change(socket, Request::SetCeil { class, ceil, save }).await?,
+        Command::SetPrio { class, prio, save } => change(socket, Request::SetPrio { class, prio, save }).await?,
+        Command::Reload => change(socket, Request::Reload {}).await?,
         Command::Check { file } => {
             let config = Config::load(&file).map_err(|e| Failure::Other(ErrorChain(&e).to_string()))?;
             println!("{}", config.summary());

@@ -127,21 +127,30 @@ fn class_names(doc: &DocumentMut) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Makes the same change to the file at `path`: reads it, edits and validates it, and
-/// replaces it atomically (a temporary file in the same directory, renamed over it, with the
-/// file's permissions).
-pub fn save_class_key(path: &Path, class: &str, key: ClassKey, value: &NewValue) -> Result<Config, EditError> {
+/// The configuration file at `path` as it is on disk, with one key of a class changed: the
+/// new text (comments and layout kept) and the configuration it makes, validated as a whole.
+/// Nothing is written; see [`write_file`].
+pub fn edit_file(path: &Path, class: &str, key: ClassKey, value: &NewValue) -> Result<(String, Config), EditError> {
+    let text = fs::read_to_string(path).map_err(|source| EditError::Io {
+        path: path.to_owned(),
+        action: "reading the configuration",
+        source,
+    })?;
+    set_class_key(&text, path, class, key, value)
+}
+
+/// Replaces the file at `path` with `text` atomically (a file written and synced beside it,
+/// then renamed over it), keeping the file's permissions.
+pub fn write_file(path: &Path, text: &str) -> Result<(), EditError> {
     let io = |action, source| EditError::Io { path: path.to_owned(), action, source };
-    let text = fs::read_to_string(path).map_err(|e| io("reading the configuration", e))?;
-    let (new, config) = set_class_key(&text, path, class, key, value)?;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let permissions = fs::metadata(path).map_err(|e| io("reading the file's permissions", e))?.permissions();
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| io("creating a temporary file beside it", e))?;
-    tmp.write_all(new.as_bytes()).map_err(|e| io("writing the temporary file", e))?;
+    tmp.write_all(text.as_bytes()).map_err(|e| io("writing the temporary file", e))?;
     tmp.as_file().sync_all().map_err(|e| io("syncing the temporary file", e))?;
     fs::set_permissions(tmp.path(), permissions).map_err(|e| io("setting the temporary file's permissions", e))?;
     tmp.persist(path).map_err(|e| io("replacing the file", e.error))?;
-    Ok(config)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -199,12 +208,13 @@ rate = "0.3mbit"
         let path = dir.path().join("house.toml");
         fs::write(&path, TEXT).unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
-        save_class_key(&path, "alex", ClassKey::Ceil, &NewValue::Rate("8mbit".into())).unwrap();
+        let (text, _) = edit_file(&path, "alex", ClassKey::Ceil, &NewValue::Rate("8mbit".into())).unwrap();
+        write_file(&path, &text).unwrap();
         let text = fs::read_to_string(&path).unwrap();
         assert!(text.contains("ceil = \"8mbit\"\n") && text.starts_with("# The house link."), "{text}");
         assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o640);
-        // A change the file cannot take leaves it untouched.
-        save_class_key(&path, "alex", ClassKey::Rate, &NewValue::Rate("9mbit".into())).unwrap_err();
+        // A change the file cannot take is refused before anything is written.
+        edit_file(&path, "alex", ClassKey::Rate, &NewValue::Rate("9mbit".into())).unwrap_err();
         assert_eq!(fs::read_to_string(&path).unwrap(), text);
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file left behind");
     }

@@ -28,13 +28,15 @@ impl Handler for Shared {
         let mut state = self.state.lock().await;
         match request {
             Request::Status {} => state.status().map(Response::Status),
-            Request::SetRate { class, rate } => {
-                state.set_class_key(&class, ClassKey::Rate, &NewValue::Rate(rate.to_string()))
+            Request::SetRate { class, rate, save } => {
+                state.set_class_key(&class, ClassKey::Rate, &NewValue::Rate(rate.to_string()), save)
             }
-            Request::SetCeil { class, ceil } => {
-                state.set_class_key(&class, ClassKey::Ceil, &NewValue::Rate(ceil.to_string()))
+            Request::SetCeil { class, ceil, save } => {
+                state.set_class_key(&class, ClassKey::Ceil, &NewValue::Rate(ceil.to_string()), save)
             }
-            Request::SetPrio { class, prio } => state.set_class_key(&class, ClassKey::Prio, &NewValue::Prio(prio)),
+            Request::SetPrio { class, prio, save } => {
+                state.set_class_key(&class, ClassKey::Prio, &NewValue::Prio(prio), save)
+            }
             Request::Reload {} => {
                 drop(state);
                 self.reload().await
@@ -51,20 +53,39 @@ impl Shared {
         let path = state.config.path.clone();
         let new =
             Config::load(&path).map_err(|e| ApiError::InvalidConfig { message: format!("{}", ErrorChain(&e)) })?;
-        let changes = state.apply(new)?;
+        let changes = state.apply(new.clone())?;
+        state.file = new;
         info!(generation = state.generation, changes = changes.len(), config = %path.display(), "reloaded");
-        Ok(Response::Changed { generation: state.generation, changes })
+        Ok(Response::Changed { generation: state.generation, changes, saved: None })
     }
 }
 
 impl State {
     /// Changes one key of a class: in the configuration's text, validated as a whole file,
-    /// then applied.
-    fn set_class_key(&mut self, class: &str, key: ClassKey, value: &NewValue) -> Result<Response, ApiError> {
+    /// then applied. With `save`, the same key is changed in the file as it is on disk: that
+    /// change is validated before anything is applied, and written once it is.
+    fn set_class_key(
+        &mut self,
+        class: &str,
+        key: ClassKey,
+        value: &NewValue,
+        save: bool,
+    ) -> Result<Response, ApiError> {
+        let path = self.config.path.clone();
         let (_, config) =
-            edit::set_class_key(&self.config.text, &self.config.path, class, key, value).map_err(|e| edit_error(&e))?;
+            edit::set_class_key(&self.config.text, &path, class, key, value).map_err(|e| edit_error(&e))?;
+        let file =
+            if save { Some(edit::edit_file(&path, class, key, value).map_err(|e| edit_error(&e))?) } else { None };
         let changes = self.apply(config)?;
-        Ok(Response::Changed { generation: self.generation, changes })
+        let Some((text, file)) = file else {
+            return Ok(Response::Changed { generation: self.generation, changes, saved: None });
+        };
+        edit::write_file(&path, &text).map_err(|e| ApiError::NotSaved {
+            message: format!("applied (generation {}) but not saved: {}", self.generation, ErrorChain(&e)),
+        })?;
+        info!(config = %path.display(), "saved");
+        self.file = file;
+        Ok(Response::Changed { generation: self.generation, changes, saved: Some(path) })
     }
 
     /// Makes `new` the running configuration: stable class ids, class parameters, interface

@@ -172,6 +172,7 @@ pub async fn run(
     let trees = trees(&config);
     let shared = Arc::new(Shared {
         state: Mutex::new(State {
+            file: config.clone(),
             config,
             classes,
             trees,

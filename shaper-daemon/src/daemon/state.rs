@@ -26,7 +26,7 @@ use crate::{
     },
     api::{ApiError, ClassStatus, Status},
     bpf::{BpfError, Datapath},
-    config::{Class, Config, Isolation},
+    config::{diff::describe_changes, Class, Config, Isolation},
     rate::Rate,
 };
 
@@ -126,6 +126,9 @@ pub(super) struct IfaceTree {
 pub(super) struct State {
     /// The configuration in force.
     pub(super) config: Config,
+    /// The configuration file as shaperd last read or wrote it: what `config` changes from it
+    /// is unsaved (`status`).
+    pub(super) file: Config,
     /// One entry per class of `config`, in the same order.
     pub(super) classes: Vec<ClassEntry>,
     /// One tree per interface of `config`, in the same order.
@@ -331,7 +334,12 @@ impl State {
                     .ok()
             })
             .collect();
-        Status { config: self.config.path.clone(), generation: self.generation, classes }
+        Status {
+            config: self.config.path.clone(),
+            generation: self.generation,
+            unsaved: describe_changes(&self.file, &self.config),
+            classes,
+        }
     }
 
     /// The reply to `shaperctl status`: every class's settings, rates and counters.
@@ -344,7 +352,12 @@ impl State {
             .map(|(class, entry)| self.class_status(class, entry))
             .collect::<Result<_, _>>()
             .map_err(|e| ApiError::Internal { message: format!("{e}") })?;
-        Ok(Status { config: self.config.path.clone(), generation: self.generation, classes })
+        Ok(Status {
+            config: self.config.path.clone(),
+            generation: self.generation,
+            unsaved: describe_changes(&self.file, &self.config),
+            classes,
+        })
     }
 
     /// One class as `status` and `/metrics` report it.
