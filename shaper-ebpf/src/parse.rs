@@ -120,7 +120,7 @@ fn parse_v4(ctx: &TcContext, off: usize, key: &mut RuleKey) -> Result<Parsed, Ma
     if ihl > 20 && ctx.load::<u8>(off + ihl - 1).is_err() {
         return Ok(Parsed { l3: off as u32, ecn, ..Parsed::empty() });
     }
-    let p = transport(ctx, off + ihl, h[9]).unwrap_or(Parsed::empty());
+    let p = transport(ctx, off + ihl, h[9]);
     Ok(Parsed { l3: off as u32, ecn, ..p })
 }
 
@@ -172,37 +172,39 @@ fn parse_v6(ctx: &TcContext, off: usize, key: &mut RuleKey) -> Result<Parsed, Ma
     if !done || !first_fragment {
         return Ok(Parsed { l3, ecn, ..Parsed::empty() });
     }
-    let p = transport(ctx, off, next).unwrap_or(Parsed::empty());
+    let p = transport(ctx, off, next);
     Ok(Parsed { l3, ecn, ..p })
 }
 
+/// The ports and header length of the transport header at `off`; none if it cannot be read
+/// or is inconsistent (the packet is then classified on its IP header alone).
 #[inline(always)]
-fn transport(ctx: &TcContext, off: usize, proto: u8) -> Result<Parsed, Malformed> {
+fn transport(ctx: &TcContext, off: usize, proto: u8) -> Parsed {
     match proto {
         IPPROTO_TCP => {
-            let t: [u8; 20] = ctx.load(off)?;
+            let Ok(t) = ctx.load::<[u8; 20]>(off) else { return Parsed::empty() };
             let doff = usize::from(t[12] >> 4) * 4;
             if doff < 20 {
-                return Err(Malformed);
+                return Parsed::empty();
             }
-            Ok(Parsed {
+            Parsed {
                 sport: be16([t[0], t[1]]),
                 dport: be16([t[2], t[3]]),
                 has_ports: true,
                 hdr_len: (off + doff) as u32,
                 ..Parsed::empty()
-            })
+            }
         }
         IPPROTO_UDP => {
-            let u: [u8; 8] = ctx.load(off)?;
-            Ok(Parsed {
+            let Ok(u) = ctx.load::<[u8; 8]>(off) else { return Parsed::empty() };
+            Parsed {
                 sport: be16([u[0], u[1]]),
                 dport: be16([u[2], u[3]]),
                 has_ports: true,
                 hdr_len: (off + 8) as u32,
                 ..Parsed::empty()
-            })
+            }
         }
-        _ => Ok(Parsed { hdr_len: off as u32, ..Parsed::empty() }),
+        _ => Parsed { hdr_len: off as u32, ..Parsed::empty() },
     }
 }

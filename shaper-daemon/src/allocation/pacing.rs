@@ -118,15 +118,15 @@ impl Pacer {
         for i in (1..n).filter(|&i| tree.is_leaf(i)) {
             let wake = self.wake[i];
             let guarantee = tree.nodes[i].rate;
-            if !leaves[i].limited && demand[i] <= wake / QUIET_DIVISOR {
-                mode[i] = Mode::Quiet;
-                pacing[i] = pacing[i].max(wake).max(guarantee);
+            mode[i] = if !leaves[i].limited && demand[i] <= wake / QUIET_DIVISOR {
+                pacing[i] = pacing[i].max(wake);
+                Mode::Quiet
+            } else if pacing[i] > guarantee {
+                Mode::Borrowing
             } else {
-                if pacing[i] > guarantee {
-                    mode[i] = Mode::Borrowing;
-                }
-                pacing[i] = pacing[i].max(guarantee);
-            }
+                Mode::Allocated
+            };
+            pacing[i] = pacing[i].max(guarantee);
             self.settler.paced_at(i, pacing[i]);
         }
         Rates { allocation: allocated, pacing, mode }

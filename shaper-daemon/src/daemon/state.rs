@@ -334,12 +334,7 @@ impl State {
                     .ok()
             })
             .collect();
-        Status {
-            config: self.config.path.clone(),
-            generation: self.generation,
-            unsaved: describe_changes(&self.file, &self.config),
-            classes,
-        }
+        self.status_of(classes)
     }
 
     /// The reply to `shaperctl status`: every class's settings, rates and counters.
@@ -352,12 +347,17 @@ impl State {
             .map(|(class, entry)| self.class_status(class, entry))
             .collect::<Result<_, _>>()
             .map_err(|e| ApiError::Internal { message: format!("{e}") })?;
-        Ok(Status {
+        Ok(self.status_of(classes))
+    }
+
+    /// The daemon's part of a status record, around `classes`.
+    fn status_of(&self, classes: Vec<ClassStatus>) -> Status {
+        Status {
             config: self.config.path.clone(),
             generation: self.generation,
             unsaved: describe_changes(&self.file, &self.config),
             classes,
-        })
+        }
     }
 
     /// One class as `status` and `/metrics` report it.
