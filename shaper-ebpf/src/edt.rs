@@ -41,8 +41,8 @@ pub enum Verdict {
 const CAS_ATTEMPTS: usize = 4;
 
 /// Paces one packet: takes a slot of `cost` ns (its wire length over the class's rate) on
-/// the clock at `next`. `t0` is the earliest the packet may leave (now, or a later time: an
-/// upper layer's departure time, the link clock), `now` the current CLOCK_MONOTONIC time. A
+/// the clock at `next`. `t0` is the earliest the packet may leave (now, or a later time: the
+/// link clock), `now` the current CLOCK_MONOTONIC time. A
 /// clock that fell behind restarts up to `burst` ns before now: a class that was idle (or
 /// sent below its rate) may send that much at once, as HTB's burst lets it (a stream's
 /// packets that its sender bunched pass without a queue). A packet that leaves later than
@@ -81,8 +81,7 @@ unsafe fn take_slot_packed(next: *mut u64, cost: u64, t0: u64, now: u64, limits:
         if t0 - now > horizon {
             return HORIZON;
         }
-        // A packet held back to a later time (behind the link clock, or by its own
-        // timestamp) restarts the clock at its departure: the burst is credit for the time
+        // A packet held back to a later time (behind the link clock) restarts the clock at its departure: the burst is credit for the time
         // the class was idle until now, not until then.
         let floor = if t0 > now { t0 } else { t0 - burst };
         let start = if last > floor { last } else { floor };

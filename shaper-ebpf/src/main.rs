@@ -319,14 +319,22 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
 
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    // A departure time already in the skb is honoured only if it is a CLOCK_MONOTONIC
-    // delivery time (set by TCP pacing or another EDT layer on this host). A forwarded packet
-    // may carry its receive timestamp, on CLOCK_REALTIME; the forwarding path clears it
+    // A departure time already in the skb is the sender's (TCP pacing, SO_TXTIME, another
+    // EDT layer on this host) only if it is a CLOCK_MONOTONIC delivery time. A forwarded
+    // packet may carry its receive timestamp, on CLOCK_REALTIME; the forwarding path clears it
     // (skb_clear_tstamp() in ip_forward_finish/ip6_forward_finish keeps only mono delivery
-    // times), and tstamp_type tells the two apart (kernel 5.18+).
+    // times), and tstamp_type tells the two apart (kernel 5.18+). The packet leaves at that
+    // time if its class's schedule would send it earlier, but it takes its slot on the class
+    // clock as if it left on schedule: the class's other packets never wait for one sender's
+    // time. (TCP paced by its socket, e.g. SO_MAX_PACING_RATE, hands down packets a pacing
+    // gap apart, up to a TSO burst's gap, hundreds of ms at low rates; as the class's clock
+    // those times held the whole class each time.) The class keeps to its rate over any
+    // window longer than its senders' delays, and may send at most what they delayed early
+    // over a shorter one. The sender's time is not bounded by the class's horizon, which
+    // bounds the class's own queue: fq drops what is beyond its own (10 s by default).
     // SAFETY: as above.
     let (tstamp, tstamp_type) = unsafe { ((*skb).tstamp, (*skb).tstamp_type) };
-    let t0 = if tstamp_type == TSTAMP_MONO && tstamp > now && tstamp - now <= config.horizon_ns { tstamp } else { now };
+    let own = if tstamp_type == TSTAMP_MONO && tstamp > now { tstamp } else { 0 };
 
     // SAFETY: `state` is a valid map value pointer; no reference is created.
     let next = unsafe { core::ptr::addr_of_mut!((*state).next_ns) };
@@ -361,29 +369,29 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
     let flow_slot = FLOWS.get_ptr_mut(&flow);
     // SAFETY: a valid map value pointer, read once.
     let flow_last = flow_slot.map_or(0, |p| unsafe { core::ptr::read_volatile(p) });
-    let sent = Sent { skb, flow, flow_slot, tstamp, now, bytes, segs };
+    let sent = Sent { skb, flow, flow_slot, tstamp, own, now, bytes, segs };
     let horizon = config.horizon_ns;
     let link = LinkSlot::new(p.iface, bytes);
     let committed = link.take(now);
-    if segs == 1 && sparse(state, flow_last, t0, now, cost, rate, horizon) {
+    if segs == 1 && sparse(state, flow_last, now, cost, rate, horizon) {
         // A sparse flow leaves ahead of its class's queue, as fq_codel serves new flows
         // first; its slot is still taken from the class clock, so the class keeps to its rate.
         // CoDel does not see it: its delay says nothing about the class's queue.
         // SAFETY: as for `edt::take_slot`.
         unsafe { edt::fetch_add(next, cost) };
         stats.sparse_packets += 1;
-        return sent.record(stats, t0);
+        return sent.record(stats, now);
     }
     // A quiet class's packet leaves behind what the link has committed (see `CLASS_QUIET`),
     // unless its flow is sparse and the class's sparse budget has room; a borrower's behind
     // the quiet classes' packets held there (`CLASS_BORROWING`).
     let start =
-        if committed > t0 && config.flags & CLASS_QUIET != 0 && !(segs == 1 && on_time(state, flow_last, now, cost)) {
+        if committed > now && config.flags & CLASS_QUIET != 0 && !(segs == 1 && on_time(state, flow_last, now, cost)) {
             link.hold_behind(committed, next)
         } else if config.flags & CLASS_BORROWING != 0 {
-            link.after_hold(t0)
+            link.after_hold(now)
         } else {
-            t0
+            now
         };
     // SAFETY: `state` points into an array map value that lives as long as the map.
     let edt::Verdict::Send { depart, idle } = (unsafe { edt::take_slot(next, cost, start, now, config) }) else {
@@ -521,13 +529,16 @@ struct Sent {
     flow_slot: Option<*mut u64>,
     /// The skb's timestamp as it came.
     tstamp: u64,
+    /// The sender's departure time, if it set one later than now; else 0.
+    own: u64,
     now: u64,
     bytes: u64,
     segs: u64,
 }
 
 impl Sent {
-    /// Counts the packet, remembers its flow's departure and sets its departure time.
+    /// Counts the packet, remembers its flow's departure and sets its departure time: the
+    /// class's `depart`, or the sender's own time if that is later.
     #[inline(always)]
     fn record(&self, stats: &mut ClassStats, depart: u64) -> i32 {
         let delay = depart - self.now;
@@ -540,6 +551,7 @@ impl Sent {
         }
         stats.bytes += self.bytes;
         stats.packets += self.segs;
+        let depart = if self.own > depart { self.own } else { depart };
         match self.flow_slot {
             // SAFETY: a valid map value pointer (see `shape`).
             Some(p) => unsafe { core::ptr::write_volatile(p, depart) },
@@ -578,12 +590,12 @@ const SPARSE_GAP_NS: u64 = 10_000_000;
 /// sparse packets carried during the queue's length, which the two bounds above keep to half
 /// a full frame (at most `queue * rate / SPARSE_SHARE` bytes).
 #[inline(always)]
-fn sparse(state: *mut ClassState, last: u64, t0: u64, now: u64, cost: u64, rate: u64, horizon: u64) -> bool {
+fn sparse(state: *mut ClassState, last: u64, now: u64, cost: u64, rate: u64, horizon: u64) -> bool {
     // SAFETY: `state` points into a map value (caller); no reference is created.
     let next = unsafe { core::ptr::addr_of_mut!((*state).next_ns) };
     // SAFETY: as above.
     let class_next = unsafe { core::ptr::read_volatile(next) };
-    if class_next <= t0 {
+    if class_next <= now {
         // No queue: the packet leaves at once anyway.
         return false;
     }

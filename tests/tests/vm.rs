@@ -32,6 +32,9 @@ mod sharing;
 #[path = "vm/isolation.rs"]
 mod isolation;
 
+#[path = "vm/faults.rs"]
+mod faults;
+
 fn topology(tag: &str, clients: &[&str]) -> Topology {
     Topology::new(tag, "lan0", "wan0", "10.1.0", clients)
 }
