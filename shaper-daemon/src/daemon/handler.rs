@@ -2,12 +2,12 @@
 //! ceil or priority (written into the configuration file, then applied), and reloads.
 
 use shaper_common::{ClassConfig, MAX_CLASSES};
-use tracing::{info, instrument};
+use tracing::{info, instrument, warn};
 
 use super::{
     handover::Handover,
     ids::{assign_ids, rule_specs},
-    setup::set_ifaces,
+    setup::{fq_limits, set_ifaces},
     state::{class_config, trees, ClassEntry, State},
     Shared,
 };
@@ -19,6 +19,7 @@ use crate::{
         edit::{self, ClassKey, EditError, NewValue},
         Config,
     },
+    qdisc::{self, FqLimits},
     rules, ErrorChain,
 };
 
@@ -53,7 +54,22 @@ impl Shared {
         let path = state.config.path.clone();
         let new =
             Config::load(&path).map_err(|e| ApiError::InvalidConfig { message: format!("{}", ErrorChain(&e)) })?;
-        let changes = state.apply(new.clone())?;
+        let limits = |config: &Config| -> Vec<FqLimits> {
+            config.interfaces.iter().map(|i| fq_limits(config, &i.name)).collect()
+        };
+        let before = limits(&state.config);
+        let mut changes = state.apply(new.clone())?;
+        // The horizons or an interface's rate changed what fq must hold.
+        for ((iface, was), need) in new.interfaces.iter().zip(before).zip(limits(&new)) {
+            if was == need {
+                continue;
+            }
+            match qdisc::resize_fq(&iface.name, need).await {
+                Ok(true) => changes.push(format!("interface {}: fq {need} (was {was})", iface.name)),
+                Ok(false) => {}
+                Err(e) => warn!(interface = %iface.name, error = %ErrorChain(&e), "fq limits not changed"),
+            }
+        }
         state.file = new;
         info!(generation = state.generation, changes = changes.len(), config = %path.display(), "reloaded");
         Ok(Response::Changed { generation: state.generation, changes, saved: None })

@@ -230,17 +230,15 @@ pub(super) fn set_ifaces(
     Ok(())
 }
 
-/// fq limits that hold every packet the horizons admit (see [`qdisc::FqLimits`]): the
-/// fastest class's ceil over its horizon, in 1000-byte packets, per flow (a class may be a
-/// single flow), and four times that in all.
-fn fq_limits(config: &Config, iface: &str) -> qdisc::FqLimits {
-    let most_bytes = config
-        .classes
-        .iter()
-        .filter(|c| c.interface == iface)
-        .map(|c| u128::from(c.ceil.bits_per_sec() / 8) * c.horizon.as_nanos() / 1_000_000_000)
-        .max()
-        .unwrap_or(0);
+/// fq limits that hold every packet the horizons admit (see [`qdisc::FqLimits`]): what the
+/// interface's rate carries over the longest horizon of its classes, in 1000-byte packets,
+/// per flow (a class may be a single flow), and four times that in all. The interface's
+/// rate, not the classes' ceilings: any class may be raised to it at runtime (`set-ceil`),
+/// and fq's limits are set when it is installed (and again on a reload that changes them).
+pub(super) fn fq_limits(config: &Config, iface: &str) -> qdisc::FqLimits {
+    let link = config.interfaces.iter().find(|i| i.name == iface).map_or(0, |i| i.rate.bits_per_sec() / 8);
+    let horizon = config.classes.iter().filter(|c| c.interface == iface).map(|c| c.horizon).max().unwrap_or_default();
+    let most_bytes = u128::from(link) * horizon.as_nanos() / 1_000_000_000;
     let flow = u32::try_from(most_bytes / 1000).unwrap_or(u32::MAX).clamp(1_000, 100_000);
     qdisc::FqLimits { packets: flow.saturating_mul(4).max(10_000), flow_packets: flow }
 }

@@ -53,6 +53,20 @@ pub struct FqLimits {
     pub flow_packets: u32,
 }
 
+impl FqLimits {
+    /// Whether these limits hold at least what `need` holds.
+    #[must_use]
+    pub fn cover(&self, need: &Self) -> bool {
+        self.packets >= need.packets && self.flow_packets >= need.flow_packets
+    }
+}
+
+impl fmt::Display for FqLimits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "limit {} flow_limit {}", self.packets, self.flow_packets)
+    }
+}
+
 /// `TC_H_ROOT`: the parent of a root qdisc.
 const TC_H_ROOT: u32 = 0xFFFF_FFFF;
 /// `TC_H_INGRESS` (= `TC_H_CLSACT`): the parent of the `ingress`/`clsact` qdisc.
@@ -247,6 +261,8 @@ struct QdiscEntry {
     kind: String,
     handle: u32,
     parent: u32,
+    /// An `fq`'s packet limits, when it is one and they could be read.
+    fq_limits: Option<FqLimits>,
 }
 
 /// Classifies the root qdisc of an interface from all its qdiscs.
@@ -342,10 +358,15 @@ pub async fn ensure_fq(ifname: &str, replace_other: bool, limits: FqLimits) -> R
     let action = match decide(&root, replace_other) {
         Decision::Keep => {
             info!(interface = %ifname, %root, "root qdisc already enforces departure times; keeping it");
+            check_kept_fq(&rtnl, ifname, ifindex, limits).await?;
             return Ok(FqGuard { ifname: ifname.to_owned(), ifindex, action: Restore::Nothing, fq_handle: 0 });
         }
         Decision::Adopt => {
             info!(interface = %ifname, "taking over the fq an earlier shaperd installed; it is removed on stop");
+            // Sized for what this configuration's classes may queue, which the earlier one's
+            // limits may not be; the kernel changes them in place.
+            rtnl.install_fq(ifname, ifindex, limits).await?;
+            info!(interface = %ifname, %limits, "fq limits set");
             return Ok(FqGuard {
                 ifname: ifname.to_owned(),
                 ifindex,
@@ -373,6 +394,42 @@ pub async fn ensure_fq(ifname: &str, replace_other: bool, limits: FqLimits) -> R
         info!(interface = %ifname, replaced = %root, fq = %HandleDisplay(fq_handle), "installed fq as root qdisc");
     }
     Ok(FqGuard { ifname: ifname.to_owned(), ifindex, action, fq_handle })
+}
+
+/// Warns if an `fq` that is not shaper's (an admin's, or the kernel's default) holds fewer
+/// packets than `need`: it would drop packets the tc program gave departure slots, and the
+/// classes would run below their rates. Its limits are the admin's to change; the warning
+/// says how.
+async fn check_kept_fq(rtnl: &Rtnl, ifname: &str, ifindex: u32, need: FqLimits) -> Result<(), QdiscError> {
+    match rtnl.root_fq_limits(ifname, ifindex).await? {
+        Some(have) if !have.cover(&need) => warn!(
+            interface = %ifname,
+            fq = %have,
+            needed = %need,
+            "the root fq holds fewer packets than the classes may queue; fq would drop packets \
+             that were given departure slots, and classes would run below their rates: \
+             tc qdisc change dev {ifname} root fq {need}"
+        ),
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Sizes the root `fq` of `ifname` for `limits` (a reload that changed the horizons or the
+/// interface's rate): shaper's own `fq` is changed in place; another one is checked and
+/// warned about, as at start. Returns whether shaper's `fq` was changed.
+pub async fn resize_fq(ifname: &str, limits: FqLimits) -> Result<bool, QdiscError> {
+    let rtnl = Rtnl::open(ifname)?;
+    let ifindex = rtnl.ifindex(ifname).await?;
+    match rtnl.root(ifname, ifindex).await? {
+        RootQdisc::Fq { handle } if handle == SHAPER_FQ_HANDLE => {
+            rtnl.install_fq(ifname, ifindex, limits).await?;
+            info!(interface = %ifname, %limits, "fq limits set");
+            Ok(true)
+        }
+        RootQdisc::Fq { .. } => check_kept_fq(&rtnl, ifname, ifindex, limits).await.map(|()| false),
+        _ => Ok(false),
+    }
 }
 
 impl FqGuard {
@@ -443,7 +500,7 @@ mod tests {
     use super::*;
 
     fn entry(kind: &str, handle: u32, parent: u32) -> QdiscEntry {
-        QdiscEntry { kind: kind.to_owned(), handle, parent }
+        QdiscEntry { kind: kind.to_owned(), handle, parent, fq_limits: None }
     }
 
     #[test]

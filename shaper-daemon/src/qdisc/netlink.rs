@@ -12,15 +12,15 @@ use netlink_packet_route::{
 use nix::errno::Errno;
 use rtnetlink::{
     packet_core::{
-        DefaultNla, ErrorMessage, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REPLACE,
-        NLM_F_REQUEST,
+        DefaultNla, ErrorMessage, NetlinkMessage, NetlinkPayload, Nla as _, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
+        NLM_F_REPLACE, NLM_F_REQUEST,
     },
     sys::AsyncSocket,
     Handle,
 };
 use tracing::debug;
 
-use super::{classify, FqLimits, QdiscEntry, QdiscError, RootQdisc, FQ, SHAPER_FQ_HANDLE};
+use super::{classify, FqLimits, QdiscEntry, QdiscError, RootQdisc, FQ, SHAPER_FQ_HANDLE, TC_H_ROOT};
 use crate::netdev;
 
 /// `TCA_FQ_PLIMIT`, `TCA_FQ_FLOW_PLIMIT` (`include/uapi/linux/pkt_sched.h`).
@@ -79,22 +79,43 @@ impl KernelError {
 /// The socket sets `NETLINK_CAP_ACK`, so the payload after the errno is the request's bare
 /// header followed by the extended-ack attributes.
 fn extack_message(err: &ErrorMessage) -> Option<String> {
-    let mut tlvs = err.header.get(NLMSG_HDRLEN..)?;
+    let value = attribute(err.header.get(NLMSG_HDRLEN..)?, NLMSGERR_ATTR_MSG)?;
+    let end = value.iter().position(|&b| b == 0).unwrap_or(value.len());
+    let text = String::from_utf8_lossy(&value[..end]).trim().to_owned();
+    (!text.is_empty()).then_some(text)
+}
+
+/// The value of the first attribute of type `kind` in a run of netlink attributes (each a
+/// 4-byte header, length and type, then the value padded to 4 bytes); `None` if there is
+/// none or the run is cut short.
+fn attribute(mut tlvs: &[u8], kind: u16) -> Option<&[u8]> {
     while tlvs.len() >= 4 {
         let len = usize::from(u16::from_ne_bytes([tlvs[0], tlvs[1]]));
-        let kind = u16::from_ne_bytes([tlvs[2], tlvs[3]]) & 0x3FFF;
         if len < 4 || len > tlvs.len() {
             return None;
         }
-        if kind == NLMSGERR_ATTR_MSG {
-            let value = &tlvs[4..len];
-            let end = value.iter().position(|&b| b == 0).unwrap_or(value.len());
-            let text = String::from_utf8_lossy(&value[..end]).trim().to_owned();
-            return (!text.is_empty()).then_some(text);
+        // The top two bits are the nested and byte-order flags.
+        if u16::from_ne_bytes([tlvs[2], tlvs[3]]) & 0x3FFF == kind {
+            return Some(&tlvs[4..len]);
         }
         tlvs = tlvs.get((len + 3) & !3..)?;
     }
     None
+}
+
+/// An `fq`'s packet limits from its `TCA_OPTIONS` (which netlink-packet-route keeps as one
+/// opaque attribute for qdisc kinds it does not know).
+fn fq_limits(options: &[TcOption]) -> Option<FqLimits> {
+    let nested = options.iter().find_map(|o| match o {
+        TcOption::Other(nla) => {
+            let mut value = vec![0; nla.value_len()];
+            nla.emit_value(&mut value);
+            Some(value)
+        }
+        _ => None,
+    })?;
+    let u32_of = |kind| attribute(&nested, kind).and_then(|v| Some(u32::from_ne_bytes(v.get(..4)?.try_into().ok()?)));
+    Some(FqLimits { packets: u32_of(TCA_FQ_PLIMIT)?, flow_packets: u32_of(TCA_FQ_FLOW_PLIMIT)? })
 }
 
 /// An rtnetlink connection whose background task ends with it.
@@ -155,6 +176,17 @@ impl Rtnl {
 
     /// The root qdisc of interface `ifindex`.
     pub(super) async fn root(&self, ifname: &str, ifindex: u32) -> Result<RootQdisc, QdiscError> {
+        Ok(classify(&self.qdiscs(ifname, ifindex).await?))
+    }
+
+    /// The packet limits of the root `fq` of interface `ifindex`, if its root is `fq`.
+    pub(super) async fn root_fq_limits(&self, ifname: &str, ifindex: u32) -> Result<Option<FqLimits>, QdiscError> {
+        let entries = self.qdiscs(ifname, ifindex).await?;
+        Ok(entries.into_iter().find(|e| e.parent == TC_H_ROOT && e.kind == FQ).and_then(|e| e.fq_limits))
+    }
+
+    /// All qdiscs of interface `ifindex`.
+    async fn qdiscs(&self, ifname: &str, ifindex: u32) -> Result<Vec<QdiscEntry>, QdiscError> {
         // The kernel ignores the index of a qdisc dump and sends every interface's qdiscs;
         // TCA_DUMP_INVISIBLE makes it include the children it would hide from `tc qdisc show`.
         let mut request = TcMessage::default();
@@ -176,10 +208,12 @@ impl Rtnl {
             }
         }
         debug!(interface = %ifname, ?entries, "qdiscs");
-        Ok(classify(&entries))
+        Ok(entries)
     }
 
-    /// Makes `fq` (default options) the root qdisc of `ifindex`: `tc qdisc replace root fq`.
+    /// Makes `fq` with `limits` the root qdisc of `ifindex`: `tc qdisc replace root handle
+    /// 5a1f: fq limit .. flow_limit ..`. If that `fq` is already there, the kernel changes its
+    /// limits in place (`tc_modify_qdisc()`: same handle and kind), keeping its queue.
     pub(super) async fn install_fq(&self, ifname: &str, ifindex: u32, limits: FqLimits) -> Result<(), QdiscError> {
         let mut message = TcMessage::with_index(tc_index(ifname, ifindex)?);
         message.header.parent = TcHandle::ROOT;
@@ -220,7 +254,15 @@ impl QdiscEntry {
             TcAttribute::Kind(k) => Some(k.clone()),
             _ => None,
         })?;
-        Some(Self { kind, handle: msg.header.handle.into(), parent: msg.header.parent.into() })
+        let fq_limits = if kind == FQ {
+            msg.attributes.iter().find_map(|a| match a {
+                TcAttribute::Options(options) => fq_limits(options),
+                _ => None,
+            })
+        } else {
+            None
+        };
+        Some(Self { kind, handle: msg.header.handle.into(), parent: msg.header.parent.into(), fq_limits })
     }
 }
 
@@ -282,9 +324,31 @@ mod tests {
         message.attributes.push(TcAttribute::Kind("htb".into()));
         assert_eq!(
             QdiscEntry::from_message(&message, 7),
-            Some(QdiscEntry { kind: "htb".to_owned(), handle: 0x0001_0000, parent: TC_H_ROOT })
+            Some(QdiscEntry { kind: "htb".to_owned(), handle: 0x0001_0000, parent: TC_H_ROOT, fq_limits: None })
         );
         assert_eq!(QdiscEntry::from_message(&message, 8), None);
+    }
+
+    #[test]
+    fn an_fq_entry_carries_its_limits() {
+        // As netlink-packet-route reads an fq's TCA_OPTIONS (type 2): one opaque attribute
+        // whose value is the nested run, here quantum (3), limit (1) and flow_limit (2).
+        let nested: Vec<u8> = [(3u16, 3028u32), (1, 25_000), (2, 6_250)]
+            .iter()
+            .flat_map(|&(kind, value)| {
+                [8u16.to_ne_bytes(), kind.to_ne_bytes()].concat().into_iter().chain(value.to_ne_bytes())
+            })
+            .collect();
+        let mut message = TcMessage::with_index(7);
+        message.header.handle = SHAPER_FQ_HANDLE.into();
+        message.header.parent = TcHandle::ROOT;
+        message.attributes.push(TcAttribute::Kind(FQ.into()));
+        message.attributes.push(TcAttribute::Options(vec![TcOption::Other(DefaultNla::new(2, nested.clone()))]));
+        let entry = QdiscEntry::from_message(&message, 7).unwrap();
+        assert_eq!(entry.fq_limits, Some(FqLimits { packets: 25_000, flow_packets: 6_250 }));
+        // Cut short: no limits rather than wrong ones.
+        message.attributes[1] = TcAttribute::Options(vec![TcOption::Other(DefaultNla::new(2, nested[..14].to_vec()))]);
+        assert_eq!(QdiscEntry::from_message(&message, 7).unwrap().fq_limits, None);
     }
 
     #[test]

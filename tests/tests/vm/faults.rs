@@ -4,7 +4,8 @@
 use std::process::Stdio;
 
 use shaper_tests::gateway::{
-    htb_fq_codel_commands, iperf_result, receiver_intervals, require_fq, wire_rate, Topology, SERVER,
+    goodput, htb_fq_codel_commands, iperf_result, receiver_intervals, require_fq, wire_rate, Topology, SERVER,
+    UDP_PAYLOAD, WIRE_PER_UDP_GOODPUT,
 };
 
 use super::topology;
@@ -109,4 +110,98 @@ fn a_senders_own_departure_times_do_not_stall_its_class() {
         paced / 1e6,
         htb / 1e6
     );
+}
+
+/// A class that starts at 2 mbit/s without AQM, with a 500 ms horizon, on a 100 mbit/s link:
+/// raised at runtime to 40 mbit/s, a flood queues 500 ms of it in `fq`, 1,700 packets of
+/// one flow.
+const RAISED_CONFIG: &str = r#"
+[[interface]]
+name = "wan0"
+rate = "100mbit"
+default = "other"
+
+[[class]]
+name = "c"
+rate = "2mbit"
+ceil = "2mbit"
+horizon = "500ms"
+aqm = false
+
+[[class]]
+name = "other"
+rate = "1mbit"
+ceil = "1mbit"
+
+[[rule]]
+class = "c"
+src = "10.1.0.2"
+"#;
+
+/// The root fq's `limit` and `flow_limit`, as `tc` shows them.
+fn fq_limits_shown(topo: &Topology) -> (u32, u32) {
+    let out = topo.gw.sh(&["tc", "qdisc", "show", "dev", "wan0", "root"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let after = |word: &str| -> u32 {
+        let rest = text.split(word).nth(1).unwrap_or_else(|| panic!("no {word:?} in {text}"));
+        rest.trim_start().trim_end_matches(char::is_whitespace).split('p').next().unwrap().parse().unwrap()
+    };
+    (after(" limit "), after("flow_limit "))
+}
+
+/// fq's limits are sized for what the classes may reach (the link's rate over the longest
+/// horizon), not for their ceilings at start: a class raised from 2 to 40 mbit/s at runtime
+/// used to find fq holding 1,000 packets per flow, fq dropped packets that had departure
+/// slots, and the class ran far below its rate. An `fq` adopted from an earlier shaperd gets
+/// the limits too.
+#[test]
+fn fq_holds_what_a_class_raised_at_runtime_queues() {
+    require_fq();
+    let topo = topology("shaper-vm-fqlimits", &["10.1.0.2"]);
+    let mut first = topo.shaperd(RAISED_CONFIG);
+    // 100 mbit/s over 500 ms in 1000-byte packets: 6,250 per flow, four times that in all.
+    let sized = (25_000, 6_250);
+    assert_eq!(fq_limits_shown(&topo), sized, "fq sized for the link over the longest horizon");
+    // An earlier shaperd's fq with smaller limits is resized when it is taken over.
+    first.kill();
+    topo.gw.sh(&[
+        "tc",
+        "qdisc",
+        "change",
+        "dev",
+        "wan0",
+        "root",
+        "handle",
+        "5a1f:",
+        "fq",
+        "limit",
+        "10000",
+        "flow_limit",
+        "100",
+    ]);
+    assert_eq!(fq_limits_shown(&topo), (10_000, 100));
+    let _second = topo.shaperd(RAISED_CONFIG);
+    assert_eq!(fq_limits_shown(&topo), sized, "the adopted fq is resized");
+
+    for args in [["set-ceil", "c", "40mbit"], ["set-rate", "c", "40mbit"]] {
+        let out = topo.ctl(&args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let server = topo.iperf_server(5501);
+    let client = topo.iperf_client_with("10.1.0.2", 5501, 10, "1", &["-u", "-b", "50M", "-l", UDP_PAYLOAD]);
+    let intervals = receiver_intervals(client);
+    drop(server);
+    // The queue takes the horizon to fill: measure after it.
+    let rate = goodput(&intervals, 3.0, 9.0) * WIRE_PER_UDP_GOODPUT;
+    println!("c raised from 2 to 40 mbit/s, flooded at 50: {:.2} mbit/s", rate / 1e6);
+    topo.print_class_counters();
+    assert!((rate / 40e6 - 1.0).abs() <= 0.03, "c carried {:.2} mbit/s, not 40 (±3 %)", rate / 1e6);
+
+    // A reload that doubles the longest horizon resizes fq in place, and says so.
+    std::fs::write(topo.dir.join("shaper.toml"), RAISED_CONFIG.replace("500ms", "1s")).unwrap();
+    let out = topo.ctl(&["reload"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("fq limit 50000 flow_limit 12500"), "reload reported: {said}");
+    assert_eq!(fq_limits_shown(&topo), (50_000, 12_500), "resized on reload");
 }
