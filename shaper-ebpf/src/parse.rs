@@ -139,7 +139,6 @@ fn parse_v6(ctx: &TcContext, off: usize, key: &mut RuleKey) -> Result<Parsed, Ma
     let mut next = h[6];
     let mut off = off + 40;
     let mut first_fragment = true;
-    let mut done = false;
     for _ in 0..MAX_V6_EXT_HEADERS {
         match next {
             IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => {
@@ -156,19 +155,20 @@ fn parse_v6(ctx: &TcContext, off: usize, key: &mut RuleKey) -> Result<Parsed, Ma
                 let Ok(e) = ctx.load::<[u8; 4]>(off) else { break };
                 next = e[0];
                 if be16([e[2], e[3]]) & 0xfff8 != 0 {
+                    // What follows is the middle of the original packet, not headers.
                     first_fragment = false;
+                    break;
                 }
                 off += 8;
             }
-            _ => {
-                done = true;
-                break;
-            }
+            _ => break,
         }
     }
     // The header the chain stopped at: the upper-layer protocol, or, for a chain longer than
-    // the bound or cut short, the extension header where the parser gave up.
+    // the bound or cut short, the extension header where the parser gave up. (Checked after
+    // the loop, so that the header after the last extension header the bound allows is read.)
     key.proto = next;
+    let done = !matches!(next, IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_AH | IPPROTO_FRAGMENT);
     if !done || !first_fragment {
         return Ok(Parsed { l3, ecn, ..Parsed::empty() });
     }

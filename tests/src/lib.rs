@@ -13,6 +13,7 @@ use std::{
 pub mod chart;
 pub mod gateway;
 pub mod prometheus;
+pub mod reference;
 
 use aya::programs::{TestRun, TestRunOptions};
 use shaper::bpf::Datapath;

@@ -4,11 +4,13 @@
 //! - [`vm`]: boots a Debian kernel that has `sch_fq` under QEMU (virtme-ng) and runs commands in it;
 //! - [`test`]: every check CI runs, host and VM, with a summary; its static checks are in
 //!   [`lint`] (fmt, clippy) and [`deps`] (unused dependencies, cargo-deny);
-//! - [`demo`], [`bench`]: the shaping demo and the benchmarks.
+//! - [`demo`], [`bench`]: the shaping demo and the benchmarks;
+//! - [`fuzz`]: the libFuzzer targets of `fuzz/`.
 
 mod bench;
 mod demo;
 mod deps;
+mod fuzz;
 mod lint;
 mod setup;
 mod test;
@@ -38,6 +40,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Run the benchmarks and report figures.
     Bench(bench::BenchArgs),
+    /// Run a libFuzzer target of fuzz/ (config, request, classify) for a while.
+    Fuzz(fuzz::FuzzArgs),
 }
 
 fn main() -> anyhow::Result<ExitCode> {
@@ -48,5 +52,6 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Test(args) => Ok(test::run(&args)),
         Command::Demo(args) => demo::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => bench::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::Fuzz(args) => fuzz::run(&args).map(|()| ExitCode::SUCCESS),
     }
 }
