@@ -54,24 +54,44 @@
 //! A line longer than [`MAX_LINE`] bytes, or that is not a request, gets an `Err` reply of
 //! kind `bad-request` and the connection is closed.
 //!
-//! The server takes at most [`MAX_CONNECTIONS`] connections at once and gives each request
-//! [`REQUEST_TIMEOUT`]; the socket is created with mode 0660, group [`SOCKET_GROUP`] when that
-//! group exists.
+//! # Limits
+//! Local clients can be broken or hostile (one that connects and never writes, one that writes a
+//! byte a second or a line of 100 MB, one that never reads its replies); none of them may lock
+//! the others out or grow the daemon's memory:
+//! - a request line is read only up to [`MAX_LINE`] bytes: a longer one gets its `bad-request`
+//!   reply after those, and the connection is closed unread;
+//! - a line must be whole within [`REQUEST_TIMEOUT`] of its first byte, and a new connection
+//!   must start its first request within that of its accept (else a `bad-request` reply, and the
+//!   connection is closed); between requests a connection may stay idle as long as it likes
+//!   (`shaperctl top` asks once per `--interval`);
+//! - requests are handled one at a time, in arrival order (they all take the daemon's one state
+//!   lock, which the control loop takes every tick: a queue of them at that lock would delay
+//!   the tick), each answered within [`REQUEST_TIMEOUT`] of its line, waiting included (else an
+//!   `internal` error);
+//! - a reply the client does not take within [`REPLY_TIMEOUT`] closes the connection;
+//! - at most [`MAX_CONNECTIONS`] connections are open. When all are taken, a new one takes the
+//!   place of the connection that has waited longest for a request (one that never sent a whole
+//!   request before one that did), which is closed; connections with a request under way keep
+//!   theirs, and while every one has a request under way, new ones wait in the listen backlog.
+//!
+//! The socket is created with mode 0660, group [`SOCKET_GROUP`] when that group exists.
 
 use std::{
+    collections::HashMap,
     fmt,
     future::Future,
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, PoisonError},
     time::Duration,
 };
 
 use serde::{Deserialize, Serialize};
 use tokio::{
     io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
-    net::{UnixListener, UnixStream},
-    sync::Semaphore,
+    net::{unix::OwnedReadHalf, UnixListener, UnixStream},
+    sync::{oneshot, Notify, Semaphore},
+    time::Instant,
 };
 use tracing::{debug, warn};
 
@@ -86,10 +106,17 @@ pub const SOCKET_ENV: &str = "SHAPER_SOCKET";
 pub const SOCKET_GROUP: &str = "shaper";
 /// Longest request line accepted.
 pub const MAX_LINE: usize = 64 * 1024;
-/// Connections served at once; more wait for a free place.
-pub const MAX_CONNECTIONS: usize = 16;
-/// Time a request may take, from its first byte to its reply.
+/// Connections open at once; when all are taken, the one that has waited longest for a
+/// request gives its place to a new one (see the module doc). Each holds at most
+/// [`MAX_LINE`] bytes of request and a reply.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Time a request line may take from its first byte to its newline, and from its newline to
+/// its reply (waiting for its turn included); a new connection's first request must start
+/// within this of its accept.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time a client has to take a reply (read enough for it to fit in the socket) before the
+/// connection is closed.
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A request from `shaperctl`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -300,6 +327,19 @@ fn group_id(name: &str) -> Option<u32> {
 pub struct Server {
     listener: UnixListener,
     path: PathBuf,
+    limits: Limits,
+}
+
+/// The server's limits: the constants of this module (shorter in the unit tests).
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    connections: usize,
+    request: Duration,
+    reply: Duration,
+}
+
+impl Limits {
+    const DEFAULT: Self = Self { connections: MAX_CONNECTIONS, request: REQUEST_TIMEOUT, reply: REPLY_TIMEOUT };
 }
 
 impl Server {
@@ -319,6 +359,8 @@ impl Server {
             }
             let _ = std::fs::remove_file(path);
         }
+        // (tokio listens with the largest backlog the kernel allows, `net.core.somaxconn`:
+        // clients beyond the open connections wait there, in the kernel, not in the daemon.)
         let listener =
             UnixListener::bind(path).map_err(|source| SocketError::Bind { path: path.to_owned(), source })?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
@@ -327,34 +369,48 @@ impl Server {
             std::os::unix::fs::chown(path, None, Some(gid))
                 .map_err(|source| SocketError::Bind { path: path.to_owned(), source })?;
         }
-        Ok(Self { listener, path: path.to_owned() })
+        Ok(Self { listener, path: path.to_owned(), limits: Limits::DEFAULT })
     }
 
-    /// Serves connections until `shutdown` completes.
+    /// Serves connections until `shutdown` completes; see the module doc for the limits.
     pub async fn serve<H: Handler>(&self, handler: Arc<H>, shutdown: impl Future<Output = ()>) {
-        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        let limits = self.limits;
+        let slots = Slots::new(limits.connections);
+        let turn = Arc::new(Semaphore::new(1));
         tokio::pin!(shutdown);
         loop {
-            let permit = tokio::select! {
-                () = &mut shutdown => return,
-                p = Arc::clone(&slots).acquire_owned() => p.expect("semaphore never closed"),
-            };
+            // A place first, so that a client that finds none waits in the listen backlog.
+            loop {
+                let changed = slots.changed.notified();
+                if slots.make_room() {
+                    break;
+                }
+                tokio::select! {
+                    () = &mut shutdown => return,
+                    () = changed => {}
+                }
+            }
             let stream = tokio::select! {
                 () = &mut shutdown => return,
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, _)) => stream,
                     Err(e) => {
+                        // Usually EMFILE/ENFILE: retrying at once would spin, so wait a little.
                         warn!(error = %e, "accepting a control connection");
-                        continue;
+                        tokio::select! {
+                            () = &mut shutdown => return,
+                            () = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                        }
                     }
                 },
             };
+            let slot = slots.open();
             let handler = Arc::clone(&handler);
+            let turn = Arc::clone(&turn);
             tokio::spawn(async move {
-                if let Err(e) = serve_connection(stream, &*handler).await {
+                if let Err(e) = serve_connection(stream, &*handler, slot, &turn, limits).await {
                     debug!(error = %e, "control connection ended");
                 }
-                drop(permit);
             });
         }
     }
@@ -366,37 +422,244 @@ impl Drop for Server {
     }
 }
 
-async fn write_reply(stream: &mut (impl tokio::io::AsyncWrite + Unpin), reply: &Reply) -> std::io::Result<()> {
-    let mut line = serde_json::to_vec(reply).expect("replies always serialize");
-    line.push(b'\n');
-    stream.write_all(&line).await
+/// The open connections, as the accept loop sees them when it needs a place for a new one.
+struct Slots {
+    limit: usize,
+    table: std::sync::Mutex<SlotTable>,
+    /// Notified when a connection closes or starts waiting for a request (it may then give
+    /// its place away).
+    changed: Notify,
 }
 
-async fn serve_connection(stream: UnixStream, handler: &impl Handler) -> std::io::Result<()> {
+#[derive(Default)]
+struct SlotTable {
+    next_id: u64,
+    open: HashMap<u64, SlotState>,
+}
+
+struct SlotState {
+    /// Since when the connection waits for (the rest of) a request, if it does.
+    waiting: Option<Waiting>,
+    /// Dropped to close the connection (its [`Slot::closed`] then completes).
+    _close: oneshot::Sender<()>,
+}
+
+/// How long a connection has waited; the least of these gives its place away first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Waiting {
+    /// Whether it had a request answered (an idle `shaperctl top`) rather than none (a client
+    /// that connects and sends nothing, or never a whole line).
+    served: bool,
+    since: Instant,
+}
+
+impl Slots {
+    fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self { limit, table: std::sync::Mutex::default(), changed: Notify::new() })
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, SlotTable> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a new connection may be accepted now: a place is free, or one was freed by
+    /// closing the connection that has waited longest for a request. False while every open
+    /// connection has a request under way.
+    fn make_room(&self) -> bool {
+        let mut table = self.table();
+        if table.open.len() < self.limit {
+            return true;
+        }
+        let longest = table.open.iter().filter_map(|(id, slot)| Some((slot.waiting?, *id))).min();
+        longest.is_some_and(|(waiting, id)| {
+            debug!(?waiting, "closing the control connection that waited longest, to make room");
+            table.open.remove(&id).is_some()
+        })
+    }
+
+    /// The place of a connection just accepted: it cannot be taken until the connection has
+    /// looked for its first request and found none.
+    fn open(self: &Arc<Self>) -> Slot {
+        let (close, closed) = oneshot::channel();
+        let mut table = self.table();
+        let id = table.next_id;
+        table.next_id += 1;
+        table.open.insert(id, SlotState { waiting: None, _close: close });
+        Slot { slots: Arc::clone(self), id, closed }
+    }
+}
+
+/// One connection's place among the [`Slots`]; freed on drop.
+struct Slot {
+    slots: Arc<Slots>,
+    id: u64,
+    /// Completes when the place was given to a new connection: this one is to close.
+    closed: oneshot::Receiver<()>,
+}
+
+impl Slot {
+    /// The connection waits for (the rest of) a request: it may give its place away from now.
+    fn waiting(&self, served: bool) {
+        if let Some(slot) = self.slots.table().open.get_mut(&self.id) {
+            slot.waiting = Some(Waiting { served, since: Instant::now() });
+        }
+        self.slots.changed.notify_one();
+    }
+
+    /// The connection has a whole request: it keeps its place until that is answered. False
+    /// when the place was given away meanwhile.
+    fn busy(&self) -> bool {
+        self.slots.table().open.get_mut(&self.id).map(|slot| slot.waiting = None).is_some()
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.slots.table().open.remove(&self.id);
+        self.slots.changed.notify_one();
+    }
+}
+
+/// What reading a request line came to.
+enum LineRead {
+    /// `line` holds a request line (with its newline, unless the client closed after it),
+    /// or more than [`MAX_LINE`] bytes of one.
+    Line,
+    /// The client closed the connection between requests.
+    End,
+    /// The connection gave its place to a new one.
+    GaveWay,
+    /// Nothing, or no whole line, came in time; the reply to send before closing.
+    TooSlow(String),
+}
+
+/// Reads one request line into `line` (see the module doc for the deadlines).
+async fn read_request(
+    reader: &mut BufReader<OwnedReadHalf>,
+    line: &mut Vec<u8>,
+    slot: &mut Slot,
+    first: bool,
+    limits: Limits,
+) -> std::io::Result<LineRead> {
+    line.clear();
+    // What the client already sent is taken without waiting, so that a client that writes its
+    // request as it connects (shaperctl) never counts as waiting and cannot be closed to make
+    // room.
+    let whole = tokio::select! {
+        biased;
+        read = read_line_part(reader, line) => {
+            read?;
+            true
+        }
+        () = std::future::ready(()) => false,
+    };
+    if !whole {
+        slot.waiting(!first);
+        if line.is_empty() {
+            let start_by = async {
+                if first {
+                    tokio::time::sleep(limits.request).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                _ = &mut slot.closed => return Ok(LineRead::GaveWay),
+                () = start_by => {
+                    return Ok(LineRead::TooSlow(format!("no request within {:?} of connecting", limits.request)));
+                }
+                available = reader.fill_buf() => {
+                    if available?.is_empty() {
+                        return Ok(LineRead::End);
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            _ = &mut slot.closed => return Ok(LineRead::GaveWay),
+            () = tokio::time::sleep(limits.request) => {
+                return Ok(LineRead::TooSlow(format!("no whole request line within {:?}", limits.request)));
+            }
+            read = read_line_part(reader, line) => {
+                read?;
+            }
+        }
+        if !slot.busy() {
+            return Ok(LineRead::GaveWay);
+        }
+    }
+    Ok(if line.is_empty() { LineRead::End } else { LineRead::Line })
+}
+
+/// Reads into `line` up to a newline, the end of the stream, or one byte more than
+/// [`MAX_LINE`] in all. Cancelled, it keeps what it read in `line`.
+async fn read_line_part(reader: &mut BufReader<OwnedReadHalf>, line: &mut Vec<u8>) -> std::io::Result<usize> {
+    let left = u64::try_from((MAX_LINE + 1).saturating_sub(line.len())).unwrap_or(u64::MAX);
+    reader.take(left).read_until(b'\n', line).await
+}
+
+async fn write_reply(
+    stream: &mut (impl tokio::io::AsyncWrite + Unpin),
+    reply: &Reply,
+    limit: Duration,
+) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(reply).expect("replies always serialize");
+    line.push(b'\n');
+    tokio::time::timeout(limit, stream.write_all(&line)).await.map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::TimedOut, format!("the client took no reply for {limit:?}"))
+    })?
+}
+
+async fn serve_connection(
+    stream: UnixStream,
+    handler: &impl Handler,
+    mut slot: Slot,
+    turn: &Semaphore,
+    limits: Limits,
+) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
     let mut line = Vec::new();
+    let mut first = true;
     loop {
-        line.clear();
-        let n = (&mut reader).take(MAX_LINE as u64 + 1).read_until(b'\n', &mut line).await?;
-        if n == 0 {
-            return Ok(());
+        match read_request(&mut reader, &mut line, &mut slot, first, limits).await? {
+            LineRead::Line => {}
+            LineRead::End => return Ok(()),
+            LineRead::GaveWay => {
+                debug!("control connection closed to make room for a new one");
+                return Ok(());
+            }
+            LineRead::TooSlow(message) => {
+                // Best effort: the client may not be reading either.
+                return write_reply(&mut write, &Err(ApiError::BadRequest { message }), limits.reply).await;
+            }
         }
+        first = false;
         if line.len() > MAX_LINE {
+            // Closed without reading the rest: the client's further writes fail, and what it
+            // sent is never buffered beyond MAX_LINE.
             let reply = Err(ApiError::BadRequest { message: format!("request longer than {MAX_LINE} bytes") });
-            return write_reply(&mut write, &reply).await;
+            return write_reply(&mut write, &reply, limits.reply).await;
         }
         let reply = match serde_json::from_slice::<Request>(&line) {
-            Ok(request) => match tokio::time::timeout(REQUEST_TIMEOUT, handler.handle(request)).await {
-                Ok(reply) => reply,
-                Err(_) => Err(ApiError::Internal { message: format!("request took longer than {REQUEST_TIMEOUT:?}") }),
-            },
+            Ok(request) => {
+                let answer = async {
+                    let _turn = turn.acquire().await.expect("the semaphore is never closed");
+                    handler.handle(request).await
+                };
+                match tokio::time::timeout(limits.request, answer).await {
+                    Ok(reply) => reply,
+                    Err(_) => {
+                        Err(ApiError::Internal { message: format!("request took longer than {:?}", limits.request) })
+                    }
+                }
+            }
             Err(e) => {
                 let reply = Err(ApiError::BadRequest { message: format!("not a valid request: {e}") });
-                return write_reply(&mut write, &reply).await;
+                return write_reply(&mut write, &reply, limits.reply).await;
             }
         };
-        write_reply(&mut write, &reply).await?;
+        write_reply(&mut write, &reply, limits.reply).await?;
     }
 }
 
@@ -576,5 +839,144 @@ mod tests {
         stop.send(()).unwrap();
         serving.await.unwrap();
         assert!(!path.exists(), "the socket file is removed with the server");
+    }
+
+    /// A server with `limits` on a socket in `dir`, serving [`Echo`] until the sender is used
+    /// or dropped.
+    async fn serve_with(dir: &Path, limits: Limits) -> (PathBuf, tokio::sync::oneshot::Sender<()>) {
+        let path = dir.join("shaper.sock");
+        let mut server = Server::bind(&path).await.unwrap();
+        server.limits = limits;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            server.serve(Arc::new(Echo), async { stopped.await.unwrap_or(()) }).await;
+        });
+        (path, stop)
+    }
+
+    /// Whether the server closed `stream` (after any reply it wrote), within `within`.
+    async fn closed_within(stream: &mut UnixStream, within: Duration) -> Option<String> {
+        let mut got = Vec::new();
+        match tokio::time::timeout(within, stream.read_to_end(&mut got)).await {
+            Ok(Ok(_)) => Some(String::from_utf8_lossy(&got).into_owned()),
+            Ok(Err(e)) => Some(format!("error: {e}")),
+            Err(_) => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn clients_that_send_nothing_give_their_places_to_new_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        // Timeouts far longer than the test: only giving way can free a place here.
+        let limits = Limits { connections: 4, request: Duration::from_mins(1), reply: Duration::from_mins(1) };
+        let (path, _stop) = serve_with(dir.path(), limits).await;
+        // An idle client that had a request answered (as `shaperctl top` between refreshes).
+        let mut top = Client::connect(&path).await.unwrap();
+        assert!(top.call(&Request::Status {}).await.unwrap().is_ok());
+
+        let mut stuck = Vec::new();
+        for _ in 0..10 {
+            stuck.push(UnixStream::connect(&path).await.unwrap());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for _ in 0..3 {
+            let mut good = Client::connect(&path).await.unwrap();
+            let reply = tokio::time::timeout(Duration::from_secs(5), good.call(&Request::Status {}))
+                .await
+                .expect("a good client is answered while the places are full of clients that send nothing");
+            assert_eq!(reply.unwrap(), Ok(Response::Status(Status::default())));
+        }
+        // Four places, one of them the idle client's: at most three silent clients kept one,
+        // and the first good client found them all taken (the others, the first's place
+        // maybe). The idle client that had been served kept its place throughout.
+        let mut closed = 0;
+        for s in &mut stuck {
+            if let Some(got) = closed_within(s, Duration::from_millis(200)).await {
+                assert_eq!(got, "", "a client closed to make room gets no reply");
+                closed += 1;
+            }
+        }
+        assert!(closed >= 8, "{closed} of 10 silent clients closed");
+        let again = tokio::time::timeout(Duration::from_secs(5), top.call(&Request::Status {})).await;
+        assert!(matches!(again, Ok(Ok(Ok(_)))), "the served idle client kept its place: {again:?}");
+    }
+
+    #[tokio::test]
+    async fn silent_and_slow_clients_are_closed_after_the_request_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = Limits { connections: 4, request: Duration::from_millis(300), reply: Duration::from_secs(5) };
+        let (path, _stop) = serve_with(dir.path(), limits).await;
+        let started = Instant::now();
+        let mut silent = UnixStream::connect(&path).await.unwrap();
+        let got = closed_within(&mut silent, Duration::from_secs(5)).await.expect("the silent client is closed");
+        assert!(got.contains("bad-request") && got.contains("no request within"), "{got}");
+        assert!(started.elapsed() >= Duration::from_millis(300), "{:?}", started.elapsed());
+
+        // One byte every 100 ms: the line is never whole within 300 ms.
+        let (read, mut write) = UnixStream::connect(&path).await.unwrap().into_split();
+        let dribble = tokio::spawn(async move {
+            for b in br#"{"cmd":"status"}"# {
+                if write.write_all(&[*b]).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let mut reply = String::new();
+        tokio::time::timeout(Duration::from_secs(5), BufReader::new(read).read_line(&mut reply))
+            .await
+            .expect("the slow client is answered and closed")
+            .unwrap();
+        assert!(reply.contains("no whole request line within"), "{reply}");
+        dribble.abort();
+
+        // A client that pauses between requests is fine.
+        let mut idle = Client::connect(&path).await.unwrap();
+        for _ in 0..2 {
+            assert!(idle.call(&Request::Status {}).await.unwrap().is_ok());
+            tokio::time::sleep(Duration::from_millis(600)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_that_reads_no_replies_is_closed_and_others_are_served_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = Limits { connections: 4, request: Duration::from_secs(5), reply: Duration::from_millis(300) };
+        let (path, _stop) = serve_with(dir.path(), limits).await;
+        let (_read, mut write) = UnixStream::connect(&path).await.unwrap().into_split();
+        // Requests until the daemon gives up on the replies piling up unread and closes the
+        // connection, which fails the writes.
+        let deaf = tokio::spawn(async move {
+            let mut sent = 0u64;
+            while write.write_all(b"{\"cmd\":\"status\"}\n").await.is_ok() {
+                sent += 1;
+            }
+            sent
+        });
+        let mut good = Client::connect(&path).await.unwrap();
+        assert!(good.call(&Request::Status {}).await.unwrap().is_ok());
+        let sent = tokio::time::timeout(Duration::from_secs(10), deaf).await.expect("the deaf client is closed");
+        assert!(sent.unwrap() > 10, "it got its replies queued first");
+        assert!(good.call(&Request::Status {}).await.unwrap().is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_huge_line_is_refused_after_max_line_bytes_and_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, _stop) = serve_with(dir.path(), Limits::DEFAULT).await;
+        let (read, mut write) = UnixStream::connect(&path).await.unwrap().into_split();
+        let writer = tokio::spawn(async move {
+            let chunk = vec![b'x'; 1 << 20];
+            let mut sent = 0;
+            while sent < 100 << 20 && write.write_all(&chunk).await.is_ok() {
+                sent += chunk.len();
+            }
+            sent
+        });
+        let mut reply = String::new();
+        BufReader::new(read).read_line(&mut reply).await.unwrap();
+        assert!(reply.contains("bad-request") && reply.contains("longer than"), "{reply}");
+        let sent = tokio::time::timeout(Duration::from_secs(10), writer).await.unwrap().unwrap();
+        assert!(sent < 8 << 20, "the daemon read {sent} bytes of a line longer than {MAX_LINE}");
     }
 }

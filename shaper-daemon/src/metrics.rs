@@ -1,8 +1,8 @@
 //! Prometheus metrics of `shaperd`, served over HTTP at `/metrics`.
 //!
 //! Two kinds of metric come out of one scrape:
-//! - daemon-level ones observed as they happen (how long an allocator tick takes), held in
-//!   [`Metrics`];
+//! - daemon-level ones observed as they happen (how long an allocator tick takes, how long
+//!   from one tick to the next), held in [`Metrics`];
 //! - per-class ones that the datapath counts (per CPU) and that the daemon reads at scrape time,
 //!   handed to [`Metrics::encode`] as a [`Snapshot`]. Reading them per scrape rather than mirroring
 //!   them into prometheus-client counters means nothing copies counters between scrapes, and a
@@ -27,6 +27,7 @@
 //! | `shaper_class_pacing_rate_bytes_per_second` | gauge | the rate the datapath paces the class at |
 //! | `shaper_config_generation` | gauge | generation of the configuration in force |
 //! | `shaper_allocator_tick_duration_seconds` | histogram | time one allocator tick took |
+//! | `shaper_allocator_tick_interval_seconds` | histogram | time from one tick's start to the next's (the configured `tick` when on time) |
 //!
 //! Rates are exported in bytes per second although the configuration speaks bits: Prometheus
 //! wants base units, and `promtool check metrics` rejects `bits`. `8 * shaper_class_rate_bytes_per_second`
@@ -38,15 +39,19 @@
 //! else Prometheus's classic text format ([`CLASSIC_CONTENT_TYPE`], what `curl … | promtool
 //! check metrics` reads); any other path gets 404 and other methods on `/metrics` 405. It serves at most
 //! [`MAX_CONNECTIONS`] connections at once (more wait in the listen backlog), one request per
-//! connection, each within [`CONNECTION_TIMEOUT`], so that a slow or stuck client costs the daemon
-//! one permit for a bounded time and nothing else.
+//! connection, whose header must arrive within [`HEADER_TIMEOUT`] and which is answered within
+//! [`CONNECTION_TIMEOUT`], so that a slow or stuck client costs the daemon one permit for a
+//! bounded time and nothing else. Scrapes take their snapshot one at a time, and a scrape that
+//! waited while another took one answers with that one (it was taken after the scrape arrived):
+//! a storm of scrapes costs one snapshot at a time, and the control loop, which takes the state
+//! lock a snapshot takes, never waits behind more than one.
 
 use std::{
     convert::Infallible,
     fmt::{self, Write as _},
     future::Future,
     sync::{Arc, Mutex, PoisonError},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use http_body_util::Full;
@@ -54,7 +59,7 @@ use hyper::{
     body::{Bytes, Incoming},
     header, Method, Request, Response, StatusCode,
 };
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{
     collector::Collector,
     encoding::{
@@ -81,12 +86,21 @@ pub const CLASSIC_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8
 pub const MAX_CONNECTIONS: usize = 16;
 /// Time a connection may take, from accept to the last byte of the answer.
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a client has to send its request's header (a scraper sends it at once; a slow-loris
+/// client is closed after this, rather than after [`CONNECTION_TIMEOUT`]).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Upper bounds (s) of the allocator tick histogram: 10 µs to 100 ms in 1-2.5-5 steps. A tick
 /// walks the class tree once; beyond 100 ms it would delay the next tick, which is what the
 /// `+Inf` bucket shows.
 const TICK_BUCKETS: [f64; 13] =
     [10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3];
+
+/// Upper bounds (s) of the tick interval histogram: 1 ms to 2.5 s, finest around the default
+/// 10 ms tick, whose on-time intervals fall in 9-11 ms (tokio's timer has a 1 ms resolution):
+/// the buckets above 11 ms count the ticks that came late, by how much.
+const TICK_INTERVAL_BUCKETS: [f64; 15] =
+    [1e-3, 2.5e-3, 5e-3, 9e-3, 11e-3, 12.5e-3, 15e-3, 20e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0, 2.5];
 
 /// What the daemon hands over for one scrape: the `status` reply, whose per-class records
 /// (counters since the datapath was loaded, rates, the delay histogram) the metrics encode.
@@ -100,6 +114,7 @@ pub type Snapshot = Status;
 pub struct Metrics {
     registry: Registry,
     tick: Histogram,
+    tick_interval: Histogram,
     /// The snapshot the collector encodes; written by each scrape before it encodes.
     snapshot: Arc<Mutex<Snapshot>>,
     /// Held for a whole scrape, so that concurrent scrapes do not encode each other's snapshot.
@@ -124,14 +139,27 @@ impl Metrics {
             Unit::Seconds,
             tick.clone(),
         );
+        let tick_interval = Histogram::new(TICK_INTERVAL_BUCKETS);
+        registry.register_with_unit(
+            "allocator_tick_interval",
+            "Time from the start of one allocator tick to the start of the next: the configured tick \
+             when the control loop keeps its period, more when a tick came late",
+            Unit::Seconds,
+            tick_interval.clone(),
+        );
         let snapshot = Arc::new(Mutex::new(Snapshot::default()));
         registry.register_collector(Box::new(SnapshotCollector(Arc::clone(&snapshot))));
-        Self { registry, tick, snapshot, scrape: Mutex::new(()) }
+        Self { registry, tick, tick_interval, snapshot, scrape: Mutex::new(()) }
     }
 
     /// Records the duration of one allocator tick.
     pub fn observe_tick(&self, d: Duration) {
         self.tick.observe(d.as_secs_f64());
+    }
+
+    /// Records the time from the start of the previous allocator tick to the start of this one.
+    pub fn observe_tick_interval(&self, d: Duration) {
+        self.tick_interval.observe(d.as_secs_f64());
     }
 
     /// The `OpenMetrics` text of a scrape: the daemon-level metrics and those of `snapshot`,
@@ -376,6 +404,7 @@ pub async fn serve<F, Fut>(
     Fut: Future<Output = Snapshot> + Send,
 {
     let snapshot = Arc::new(snapshot);
+    let last = Arc::new(LastExposition::default());
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
@@ -404,17 +433,21 @@ pub async fn serve<F, Fut>(
         let peer = stream.peer_addr().ok();
         let metrics = metrics.clone();
         let snapshot = snapshot.clone();
+        let last = last.clone();
         connections.spawn(async move {
             let _permit = permit;
             let service = hyper::service::service_fn(move |request| {
                 let metrics = metrics.clone();
                 let snapshot = snapshot.clone();
-                async move { Ok::<_, Infallible>(respond(&request, &metrics, &*snapshot).await) }
+                let last = last.clone();
+                async move { Ok::<_, Infallible>(respond(&request, &metrics, &*snapshot, &last).await) }
             });
             // One request per connection: the timeout then bounds a request, and an idle
             // keep-alive connection cannot sit on a permit between scrapes.
             let connection = hyper::server::conn::http1::Builder::new()
                 .keep_alive(false)
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service);
             match tokio::time::timeout(CONNECTION_TIMEOUT, connection).await {
                 Ok(Ok(())) => {}
@@ -425,8 +458,34 @@ pub async fn serve<F, Fut>(
     }
 }
 
+/// The last exposition a scrape made (`OpenMetrics` text) and when its snapshot was taken.
+type LastExposition = tokio::sync::Mutex<Option<(Instant, Arc<str>)>>;
+
+/// A scrape's `OpenMetrics` text: a new snapshot, or the one a scrape took while this one
+/// waited for its turn (see the module doc).
+async fn exposition<F, Fut>(last: &LastExposition, arrived: Instant, metrics: &Metrics, snapshot: &F) -> Arc<str>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Snapshot>,
+{
+    let mut last = last.lock().await;
+    if let Some((taken, text)) = last.as_ref().filter(|(taken, _)| *taken >= arrived) {
+        debug!(age = ?taken.elapsed(), "metrics scrape answered with the snapshot taken while it waited");
+        return Arc::clone(text);
+    }
+    let taken = Instant::now();
+    let text: Arc<str> = metrics.encode(snapshot().await).into();
+    *last = Some((taken, Arc::clone(&text)));
+    text
+}
+
 /// The answer to one request.
-async fn respond<F, Fut>(request: &Request<Incoming>, metrics: &Metrics, snapshot: &F) -> Response<Full<Bytes>>
+async fn respond<F, Fut>(
+    request: &Request<Incoming>,
+    metrics: &Metrics,
+    snapshot: &F,
+    last: &LastExposition,
+) -> Response<Full<Bytes>>
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Snapshot>,
@@ -439,9 +498,9 @@ where
     };
     let response = match (request.uri().path(), request.method()) {
         ("/metrics", &Method::GET) => {
-            let text = metrics.encode(snapshot().await);
+            let text = exposition(last, Instant::now(), metrics, snapshot).await;
             let (content_type, text) = if wants_openmetrics(request.headers()) {
-                (OPENMETRICS_CONTENT_TYPE, text)
+                (OPENMETRICS_CONTENT_TYPE, text.to_string())
             } else {
                 (CLASSIC_CONTENT_TYPE, as_classic_text(&text))
             };
@@ -549,6 +608,8 @@ mod tests {
     fn encodes_class_metrics_with_labels() {
         let metrics = Metrics::new();
         metrics.observe_tick(Duration::from_micros(300));
+        metrics.observe_tick_interval(Duration::from_micros(10_400));
+        metrics.observe_tick_interval(Duration::from_millis(14));
         let text = metrics.encode(snapshot());
         let leaf = r#"interface="lan0",class="alex""#;
         let inner = r#"interface="lan0",class="home""#;
@@ -574,6 +635,10 @@ mod tests {
             ("shaper_allocator_tick_duration_seconds_count".to_owned(), "1"),
             (r#"shaper_allocator_tick_duration_seconds_bucket{le="0.00025"}"#.to_owned(), "0"),
             (r#"shaper_allocator_tick_duration_seconds_bucket{le="0.0005"}"#.to_owned(), "1"),
+            ("shaper_allocator_tick_interval_seconds_count".to_owned(), "2"),
+            (r#"shaper_allocator_tick_interval_seconds_bucket{le="0.009"}"#.to_owned(), "0"),
+            (r#"shaper_allocator_tick_interval_seconds_bucket{le="0.011"}"#.to_owned(), "1"),
+            (r#"shaper_allocator_tick_interval_seconds_bucket{le="0.015"}"#.to_owned(), "2"),
         ];
         for (series, value) in expect {
             assert_eq!(sample(&text, &series), Some(value), "{series} in\n{text}");
@@ -585,6 +650,7 @@ mod tests {
             "# TYPE shaper_class_pacing_rate_bytes_per_second gauge",
             "# TYPE shaper_config_generation gauge",
             "# TYPE shaper_allocator_tick_duration_seconds histogram",
+            "# TYPE shaper_allocator_tick_interval_seconds histogram",
         ] {
             assert!(text.contains(family), "{family} in\n{text}");
         }
@@ -598,7 +664,7 @@ mod tests {
         // Every family has help text.
         let types = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
         let helps = text.lines().filter(|l| l.starts_with("# HELP shaper_")).count();
-        assert_eq!(types, 12, "{text}");
+        assert_eq!(types, 13, "{text}");
         assert_eq!(helps, types, "{text}");
     }
 
@@ -646,6 +712,7 @@ mod tests {
     fn promtool_finds_nothing_to_lint() {
         let metrics = Metrics::new();
         metrics.observe_tick(Duration::from_millis(2));
+        metrics.observe_tick_interval(Duration::from_millis(10));
         let text = as_classic_text(&metrics.encode(snapshot()));
         let mut child = match std::process::Command::new("promtool")
             .args(["check", "metrics"])
@@ -739,5 +806,67 @@ mod tests {
             .await
             .expect("serve returns once shutdown completes")
             .expect("serve did not panic");
+    }
+
+    #[tokio::test]
+    async fn slow_clients_are_closed_and_concurrent_scrapes_share_snapshots() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local address");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let taken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = Arc::clone(&taken);
+        let take = move || {
+            let counter = Arc::clone(&counter);
+            async move {
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // As long as a busy daemon might take: the other scrapes queue meanwhile.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                snapshot()
+            }
+        };
+        let server = tokio::spawn(serve(listener, Arc::new(Metrics::new()), take, async {
+            let _ = stopped.await;
+        }));
+
+        // A slow-loris client: a header that never ends. It is closed after HEADER_TIMEOUT,
+        // not CONNECTION_TIMEOUT.
+        let started = std::time::Instant::now();
+        let mut slow = tokio::net::TcpStream::connect(addr).await.expect("connecting");
+        slow.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n").await.expect("writing");
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(HEADER_TIMEOUT * 2, async {
+            loop {
+                if slow.write_all(b"X-Slow: 1\r\n").await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let mut buf = [0; 1024];
+                match tokio::time::timeout(Duration::from_millis(10), slow.read(&mut buf)).await {
+                    Ok(Ok(0) | Err(_)) => break,
+                    Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
+                    Err(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(read.is_ok(), "the slow client is still open after {:?}", started.elapsed());
+        assert!(started.elapsed() >= HEADER_TIMEOUT, "closed after {:?}", started.elapsed());
+
+        // Twenty scrapes at once: the first takes a snapshot; those that waited meanwhile share
+        // the next, taken after they arrived.
+        let scrapes: Vec<_> =
+            (0..20).map(|_| tokio::spawn(http(addr, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))).collect();
+        for scrape in scrapes {
+            let answer = scrape.await.expect("scrape task");
+            assert!(
+                answer.starts_with("HTTP/1.1 200 OK\r\n") && answer.contains("shaper_config_generation 7"),
+                "{answer}"
+            );
+        }
+        let taken = taken.load(std::sync::atomic::Ordering::Relaxed);
+        assert!((1..=3).contains(&taken), "{taken} snapshots for 20 concurrent scrapes");
+
+        stop.send(()).expect("server still running");
+        tokio::time::timeout(Duration::from_secs(5), server).await.expect("serve returns").expect("no panic");
     }
 }

@@ -262,6 +262,12 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// shaperd's process id (nsenter execs shaperd in place), e.g. for its /proc/<pid>/status.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends `signal` to shaperd.
     pub fn signal(&self, signal: i32) {
         // SAFETY: kill(2) on our own child's pid (nsenter execs shaperd in place).

@@ -32,6 +32,9 @@ mod sharing;
 #[path = "vm/isolation.rs"]
 mod isolation;
 
+#[path = "vm/control.rs"]
+mod control;
+
 #[path = "vm/faults.rs"]
 mod faults;
 

@@ -219,9 +219,37 @@ fn horizon_ns(d: Duration) -> u64 {
 }
 
 /// Every `tick`: measure each leaf's demand, run the allocator, write the new rates.
-pub(super) async fn control_loop(shared: Arc<Shared>, tick: Duration, mut stopped: watch::Receiver<bool>) {
+///
+/// The ticks run on a thread of their own, with a runtime of their own: on the daemon's
+/// runtime a tick would wait for a worker behind whatever else is ready to run (a storm of
+/// `shaperctl` connections or scrapes), and shaping would pause meanwhile. What they share
+/// with requests and scrapes is the state lock, which those take one at a time.
+pub(super) async fn control_loop(shared: Arc<Shared>, tick: Duration, stopped: watch::Receiver<bool>) {
+    let (done, finished) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("shaperd-control".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("a runtime for the control loop's thread");
+            runtime.block_on(ticks(shared, tick, stopped));
+            let _ = done.send(());
+        })
+        .expect("starting the control loop's thread");
+    if finished.await.is_err() {
+        // The thread panicked (its sender dropped unsent): the same panic here, which the
+        // daemon reports as it would the loop's own.
+        if let Err(panic) = thread.join() {
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
+
+async fn ticks(shared: Arc<Shared>, tick: Duration, mut stopped: watch::Receiver<bool>) {
     let mut interval = tokio::time::interval(tick);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut last_start: Option<Instant> = None;
     loop {
         tokio::select! {
             changed = stopped.changed() => {
@@ -232,6 +260,11 @@ pub(super) async fn control_loop(shared: Arc<Shared>, tick: Duration, mut stoppe
             _ = interval.tick() => {
                 let mut state = shared.state.lock().await;
                 let started = Instant::now();
+                // From start to start, the lock's wait included: the period the rates are
+                // actually updated at.
+                if let Some(last) = last_start.replace(started) {
+                    shared.metrics.observe_tick_interval(started - last);
+                }
                 if let Err(e) = state.control_tick() {
                     warn!(error = %e, "control tick");
                 }
