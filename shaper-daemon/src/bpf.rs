@@ -182,6 +182,17 @@ pub struct Datapath {
     added_clsact: Vec<String>,
     /// What each rule bank holds, as far as known.
     banks: [BankContents; 2],
+    /// While [`Datapath::all_or_nothing`] runs: the entries its writes replaced, oldest first.
+    journal: Option<Vec<Undo>>,
+}
+
+/// A map entry as it was before a write, to put back if the change it belongs to fails.
+enum Undo {
+    Class(u32, ClassConfig),
+    /// The rule bank that was active (what `GLOBALS` held before a switch).
+    Rules(Globals),
+    /// `None`: the interface had no entry.
+    Iface(u32, Option<IfaceConfig>),
 }
 
 /// The program attached to one interface.
@@ -263,6 +274,7 @@ impl Datapath {
             added_clsact: Vec::new(),
             // Fresh maps: both banks are empty.
             banks: [BankContents::empty(), BankContents::empty()],
+            journal: None,
         })
     }
 
@@ -433,7 +445,61 @@ impl Datapath {
 
     /// Sets an interface's slot, default class and overhead.
     pub fn set_iface(&mut self, ifindex: u32, config: IfaceConfig) -> Result<(), BpfError> {
+        if self.journal.is_some() {
+            let old = self.iface_config(ifindex)?;
+            self.journal.get_or_insert_default().push(Undo::Iface(ifindex, old));
+        }
         self.ifaces.insert(ifindex, config, 0).map_err(map_err(maps::IFACES, format!("setting ifindex {ifindex}")))
+    }
+
+    /// An interface's settings, if it has any.
+    pub fn iface_config(&self, ifindex: u32) -> Result<Option<IfaceConfig>, BpfError> {
+        match self.ifaces.get(&ifindex, 0) {
+            Ok(config) => Ok(Some(config)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(source) => {
+                Err(BpfError::Map { name: maps::IFACES, action: format!("reading ifindex {ifindex}"), source })
+            }
+        }
+    }
+
+    /// Runs `writes` as one change of the class and interface settings: if it fails, each
+    /// entry it wrote with [`Self::set_class`] or [`Self::set_iface`] is written back as it
+    /// was, newest first, and a rule set it switched to with [`Self::load_rules`] is switched
+    /// back, so that the datapath goes on as before rather than half changed. Putting an
+    /// entry back can itself fail only as the write did (a map the kernel refuses to
+    /// update); that is logged, and the first error returned.
+    pub fn all_or_nothing<T, E: From<BpfError>>(
+        &mut self,
+        writes: impl FnOnce(&mut Self) -> Result<T, E>,
+    ) -> Result<T, E> {
+        assert!(self.journal.is_none(), "all_or_nothing does not nest");
+        self.journal = Some(Vec::new());
+        let result = writes(self);
+        let journal = self.journal.take().unwrap_or_default();
+        if result.is_err() {
+            for undo in journal.into_iter().rev() {
+                let restored = match undo {
+                    Undo::Class(class, old) => self.set_class(class, old),
+                    Undo::Rules(old) => {
+                        self.globals.set(0, old, 0).map_err(map_err(maps::GLOBALS, "switching back to the old rules"))
+                    }
+                    Undo::Iface(ifindex, Some(old)) => self.set_iface(ifindex, old),
+                    Undo::Iface(ifindex, None) => match self.ifaces.remove(&ifindex) {
+                        Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+                        Err(source) => Err(BpfError::Map {
+                            name: maps::IFACES,
+                            action: format!("removing ifindex {ifindex}"),
+                            source,
+                        }),
+                    },
+                };
+                if let Err(e) = restored {
+                    tracing::error!(error = %e, "putting back a datapath entry after a failed change");
+                }
+            }
+        }
+        result
     }
 
     /// Replaces the rule set: writes `compiled` into the inactive bank (see
@@ -473,7 +539,13 @@ impl Datapath {
             self.tuples.set(i, tuple, 0).map_err(map_err(maps::TUPLES, format!("tuple {i}")))?;
         }
         let count = u32::try_from(compiled.tuples.len()).expect("at most MAX_TUPLES");
-        let epoch = self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the epoch"))?.epoch;
+        let old = self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the epoch"))?;
+        let epoch = old.epoch;
+        if let Some(journal) = &mut self.journal {
+            // The old bank is intact until the next rule set is written: switching back to
+            // it undoes this one.
+            journal.push(Undo::Rules(old));
+        }
         self.globals
             .set(0, Globals { tuple_count: count, bank, epoch, _pad: 0 }, 0)
             .map_err(map_err(maps::GLOBALS, "switching to the new rule bank"))?;
@@ -535,6 +607,10 @@ impl Datapath {
     pub fn set_class(&mut self, class: u32, config: ClassConfig) -> Result<(), BpfError> {
         if class >= MAX_CLASSES {
             return Err(BpfError::ClassId(class));
+        }
+        if self.journal.is_some() {
+            let old = self.class_config(class)?;
+            self.journal.get_or_insert_default().push(Undo::Class(class, old));
         }
         self.class_config.set(class, config, 0).map_err(map_err(maps::CLASS_CONFIG, format!("class {class}")))
     }

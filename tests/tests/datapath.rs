@@ -668,3 +668,46 @@ fn the_verifier_walk_keeps_half_its_budget() {
     println!("the verifier processed {walked} instructions");
     assert!(walked <= 500_000, "the verifier processed {walked} instructions of its 1,000,000");
 }
+
+/// A change of classes, interfaces and rules that the kernel refuses half-way (the
+/// interface table is full) leaves the datapath as it was: each entry written is put back,
+/// the rule set switched to is switched back, and packets go where they went before.
+#[test]
+fn a_change_the_kernel_refuses_half_way_is_undone() {
+    let host = |class| RuleSpec { src: Some("10.9.0.1/32".parse().unwrap()), ..RuleSpec::new(0, class) };
+    let mut dp = datapath(&[host(1)]);
+    let paced = ClassConfig { rate_bytes: 1_000_000, horizon_ns: SECOND, ..ClassConfig::default() };
+    dp.set_class(1, paced).unwrap();
+    let packet = v4([10, 9, 0, 1], [10, 9, 0, 2], TCP);
+    assert_eq!(class_of(&dp, &packet, SkbCtx::default()), 1);
+    let lo = dp.iface_config(LO).unwrap().expect("loopback is shaped");
+
+    let moved = IfaceConfig { default_class: 2, ..lo };
+    let result = dp.all_or_nothing(|dp| {
+        dp.set_class(1, ClassConfig { rate_bytes: 5_000_000, ..paced })?;
+        dp.set_iface(LO, moved)?;
+        dp.load_rules(&shaper::rules::compile(&[host(3)]).unwrap())?;
+        // More interfaces than the table holds: the kernel refuses one of these.
+        for ifindex in 1000..1000 + shaper_common::MAX_INTERFACES {
+            dp.set_iface(ifindex, moved)?;
+        }
+        Ok::<_, shaper::bpf::BpfError>(())
+    });
+    let error = result.expect_err("the interface table holds MAX_INTERFACES entries");
+    println!("refused: {error}");
+    assert!(matches!(error, shaper::bpf::BpfError::Map { .. }), "{error:?}");
+    assert_eq!(dp.class_config(1).unwrap().rate_bytes, 1_000_000, "class 1's rate is put back");
+    assert_eq!(dp.iface_config(LO).unwrap().map(|c| c.default_class), Some(lo.default_class));
+    for ifindex in 1000..1000 + shaper_common::MAX_INTERFACES {
+        assert_eq!(dp.iface_config(ifindex).unwrap(), None, "ifindex {ifindex} was not there before");
+    }
+    assert_eq!(class_of(&dp, &packet, SkbCtx::default()), 1, "the old rules are in force again");
+    // The same change without the refused part goes through whole.
+    dp.all_or_nothing(|dp| {
+        dp.set_class(1, ClassConfig { rate_bytes: 5_000_000, ..paced })?;
+        dp.load_rules(&shaper::rules::compile(&[host(3)]).unwrap())
+    })
+    .unwrap();
+    assert_eq!(dp.class_config(1).unwrap().rate_bytes, 5_000_000);
+    assert_eq!(class_of(&dp, &packet, SkbCtx::default()), 3);
+}

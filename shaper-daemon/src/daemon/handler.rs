@@ -142,30 +142,46 @@ impl State {
         for (class, &id) in new.classes.iter().zip(&ids) {
             let leaf = new.is_leaf(&class.name);
             let kept = self.config.classes.iter().position(|c| c.name == class.name).map(|p| &self.classes[p]);
-            let entry = match kept {
+            entries.push(match kept {
                 Some(e) if e.leaf == leaf => e.carried_over(class.rate),
                 _ => ClassEntry::new(id, leaf, class.rate),
-            };
-            if leaf {
-                self.datapath
-                    .set_class(id, class_config(class, entry.pacing_rate, entry.share, entry.mode))
-                    .map_err(internal)?;
-            }
-            entries.push(entry);
+            });
         }
-        set_ifaces(&mut self.datapath, &new, &self.ifindexes, &ids).map_err(internal)?;
-        if let Some(compiled) = &compiled {
-            self.datapath.load_rules(compiled).map_err(internal)?;
-        }
-        // Classes that no longer carry traffic: unpaced and zeroed, so that a class that takes
-        // the id later starts from nothing.
-        for (class, entry) in self.config.classes.iter().zip(&self.classes) {
-            let gone = new.class(&class.name).is_none();
-            if gone || entry.leaf && !new.is_leaf(&class.name) {
-                self.datapath.set_class(entry.id, ClassConfig::default()).map_err(internal)?;
-            }
+        // Classes that no longer carry traffic: unpaced, and zeroed once the change is in.
+        let retired: Vec<(u32, bool)> = self
+            .config
+            .classes
+            .iter()
+            .zip(&self.classes)
+            .filter_map(|(class, entry)| {
+                let gone = new.class(&class.name).is_none();
+                (gone || entry.leaf && !new.is_leaf(&class.name)).then_some((entry.id, gone))
+            })
+            .collect();
+        // All of it or none: a write the kernel refuses half-way puts back what was written.
+        let ifindexes = &self.ifindexes;
+        self.datapath
+            .all_or_nothing(|datapath| {
+                for ((class, entry), &id) in new.classes.iter().zip(&entries).zip(&ids) {
+                    if entry.leaf {
+                        datapath.set_class(id, class_config(class, entry.pacing_rate, entry.share, entry.mode))?;
+                    }
+                }
+                set_ifaces(datapath, &new, ifindexes, &ids)?;
+                if let Some(compiled) = &compiled {
+                    datapath.load_rules(compiled)?;
+                }
+                // After the switch: until then, the old rules may still send packets here.
+                for &(id, _) in &retired {
+                    datapath.set_class(id, ClassConfig::default())?;
+                }
+                Ok::<_, BpfError>(())
+            })
+            .map_err(internal)?;
+        // A class that takes a given-up id later starts from nothing.
+        for &(id, gone) in &retired {
             if gone {
-                self.datapath.reset_class(entry.id).map_err(internal)?;
+                self.datapath.reset_class(id).map_err(internal)?;
             }
         }
         let changes = describe_changes(&self.config, &new);
