@@ -72,6 +72,12 @@ pub enum BpfError {
         #[source]
         source: ProgramError,
     },
+    #[error("listing the programs attached at egress of {iface}")]
+    Query {
+        iface: String,
+        #[source]
+        source: ProgramError,
+    },
     #[error("class id {0} is out of range (at most {MAX_CLASSES} classes)")]
     ClassId(u32),
     #[error("{}: {action}", .path.display())]
@@ -148,6 +154,13 @@ fn pin_err<E: std::error::Error + Send + Sync + 'static>(
 /// program in place: no packet leaves unshaped, and no second filter is added.
 pub const FILTER_PRIORITY: u16 = 1;
 pub const FILTER_HANDLE: u32 = 0x5A1F;
+
+/// The pin of an interface's TCX link in a layout's pin directory: `link-<interface>`.
+const LINK_PIN_PREFIX: &str = "link-";
+
+fn link_pin_name(iface: &str) -> String {
+    format!("{LINK_PIN_PREFIX}{iface}")
+}
 
 fn map_err(name: &'static str, action: impl Into<String>) -> impl FnOnce(MapError) -> BpfError {
     let action = action.into();
@@ -327,7 +340,9 @@ impl Datapath {
         let (id, pin, adopted) = match mode {
             AttachMode::Clsact => {
                 match tc::qdisc_add_clsact(iface) {
-                    Ok(()) => self.added_clsact.push(iface.to_owned()),
+                    // Once per name: an interface re-created under it gets clsact again.
+                    Ok(()) if !self.added_clsact.iter().any(|i| i == iface) => self.added_clsact.push(iface.to_owned()),
+                    Ok(()) => {}
                     Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(Errno::EEXIST as i32) => {}
                     Err(source) => return Err(BpfError::Clsact { iface: iface.to_owned(), source }),
                 }
@@ -352,8 +367,11 @@ impl Datapath {
                 }
             }
             AttachMode::Tcx => {
-                let pin = self.pin_dir.as_ref().map(|d| d.join(format!("link-{iface}")));
-                if let Some(path) = pin.as_ref().filter(|p| p.exists()) {
+                let pin = self.pin_dir.as_ref().map(|d| d.join(link_pin_name(iface)));
+                // This layout's pin, or one an earlier shaperd with another map layout left
+                // (an upgrade): its link gets this program in place, and is pinned here.
+                let found = pin.clone().filter(|p| p.exists()).or_else(|| self.older_link_pin(iface));
+                if let Some(path) = found.as_ref() {
                     let old = PinnedLink::from_pin(path).map_err(pin_err(path, "opening the pinned link"))?;
                     let link = SchedClassifierLink::try_from(FdLink::from(old))
                         .map_err(pin_err(path, "reading the pinned link"))?;
@@ -375,6 +393,10 @@ impl Datapath {
             let fd = FdLink::try_from(link).map_err(pin_err(path, "pinning the link"))?;
             let pinned = fd.pin(path).map_err(pin_err(path, "pinning the link"))?;
             link = SchedClassifierLink::try_from(FdLink::from(pinned)).map_err(pin_err(path, "pinning the link"))?;
+            if let Some(older) = self.older_link_pin(iface) {
+                // Pinned here now; the older layout's pin would keep nothing alive but itself.
+                std::fs::remove_file(&older).map_err(pin_err(&older, "removing an older layout's link pin"))?;
+            }
         }
         self.links.push(Attached { iface: iface.to_owned(), link, pin });
         Ok((mode, adopted))
@@ -416,6 +438,184 @@ impl Datapath {
             }
         }
         self.added_clsact.clear();
+    }
+
+    /// Forgets the attachment to `iface` without detaching it: the interface is gone, and the
+    /// attachment with it (or someone removed it). A TCX link's pin is removed, so that an
+    /// interface that takes the name does not take the dead link over.
+    pub fn forget(&mut self, iface: &str) {
+        for Attached { iface, link, pin } in self.take_links(iface) {
+            if let Some(path) = pin {
+                if let Err(e) = std::fs::remove_file(&path) {
+                    tracing::warn!(interface = %iface, path = %path.display(), error = %e, "removing a dead link's pin");
+                }
+            }
+            if Self::attach_mode() == AttachMode::Clsact {
+                // Dropping it would delete a filter by the old index, which another interface
+                // may have by now.
+                std::mem::forget(link);
+            } else {
+                // Closing the fd frees a TCX link the kernel already took off the device.
+                drop(link);
+            }
+        }
+    }
+
+    /// Detaches from the interface that was called `iface` when the program was attached
+    /// (renamed since, and no longer shaped), removing its TCX link's pin. Failures are
+    /// logged: the interface may be going away meanwhile.
+    pub fn detach(&mut self, iface: &str) {
+        for Attached { iface, link, pin } in self.take_links(iface) {
+            if let Some(path) = pin {
+                if let Err(e) = std::fs::remove_file(&path) {
+                    tracing::warn!(interface = %iface, path = %path.display(), error = %e, "removing the link's pin");
+                }
+            }
+            if let Err(e) = link.detach() {
+                tracing::warn!(interface = %iface, error = %e, "detaching");
+            }
+        }
+    }
+
+    /// The attachments to `iface`, taken out of the bookkeeping.
+    fn take_links(&mut self, iface: &str) -> Vec<Attached> {
+        let (taken, kept) = std::mem::take(&mut self.links).into_iter().partition(|a| a.iface == iface);
+        self.links = kept;
+        taken
+    }
+
+    /// Drops the record that this process added the clsact qdisc of `iface` (gone with the
+    /// interface, or removed by the caller); returns whether there was one.
+    pub fn forget_added_clsact(&mut self, iface: &str) -> bool {
+        let before = self.added_clsact.len();
+        self.added_clsact.retain(|i| i != iface);
+        self.added_clsact.len() != before
+    }
+
+    /// Whether this program is attached at egress of `iface` by TCX (see
+    /// [`Self::attach_mode`]; a clsact filter is listed with `crate::qdisc::has_egress_filter`).
+    pub fn tcx_attached(&self, iface: &str) -> Result<bool, BpfError> {
+        let query_err = |source| BpfError::Query { iface: iface.to_owned(), source };
+        let ours = self.program().info().map_err(query_err)?.id();
+        let (_, programs) = SchedClassifier::query_tcx(iface, TcAttachType::Egress).map_err(query_err)?;
+        Ok(programs.iter().any(|p| p.id() == ours))
+    }
+
+    /// Removes the settings of interface `ifindex` (gone, or renamed away), so that an
+    /// interface that gets the index later does not inherit them. None there is no error.
+    pub fn remove_iface(&mut self, ifindex: u32) -> Result<(), BpfError> {
+        match self.ifaces.remove(&ifindex) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(Errno::ENOENT as i32) => Ok(()),
+            Err(source) => {
+                Err(BpfError::Map { name: maps::IFACES, action: format!("removing ifindex {ifindex}"), source })
+            }
+        }
+    }
+
+    /// The interfaces whose clsact qdisc this process added (or took over the record of).
+    #[must_use]
+    pub fn added_clsact(&self) -> &[String] {
+        &self.added_clsact
+    }
+
+    /// Takes the interfaces whose clsact qdisc an earlier shaperd added as added by this one,
+    /// so that a stop after a takeover removes them as that one would have.
+    pub fn assume_added_clsact(&mut self, ifaces: impl IntoIterator<Item = String>) {
+        for iface in ifaces {
+            if !self.added_clsact.contains(&iface) {
+                self.added_clsact.push(iface);
+            }
+        }
+    }
+
+    /// The interfaces with a TCX link pinned in this layout's pin directory or an older one's.
+    #[must_use]
+    pub fn pinned_links(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .layout_dirs()
+            .into_iter()
+            .filter_map(|dir| std::fs::read_dir(dir).ok())
+            .flatten()
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.strip_prefix(LINK_PIN_PREFIX).map(str::to_owned))
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// Removes the attachment an earlier shaperd left on `iface`, which this one does not
+    /// shape: its pinned TCX link (of any layout), or its filter at [`FILTER_PRIORITY`] /
+    /// [`FILTER_HANDLE`] under clsact. Returns whether there was one.
+    pub fn detach_left(&mut self, iface: &str) -> Result<bool, BpfError> {
+        let mut found = false;
+        for dir in self.layout_dirs() {
+            let path = dir.join(link_pin_name(iface));
+            if path.exists() {
+                // Unpinned and closed, the link has no holder left: the kernel detaches it.
+                let link = PinnedLink::from_pin(&path).map_err(pin_err(&path, "opening the pinned link"))?;
+                drop(link.unpin().map_err(pin_err(&path, "removing the link's pin"))?);
+                found = true;
+            }
+        }
+        if Self::attach_mode() == AttachMode::Clsact {
+            let handle = TcHandle::from(FILTER_HANDLE);
+            if let Ok(link) = SchedClassifierLink::attached(iface, TcAttachType::Egress, FILTER_PRIORITY, handle, None)
+            {
+                link.detach().map_err(|source| BpfError::Detach { iface: iface.to_owned(), source })?;
+                found = true;
+            }
+        }
+        Ok(found)
+    }
+
+    /// Removes what earlier shaperds with other map layouts pinned beside this layout's
+    /// directory (after [`Self::attach`] moved the links it found there): their maps go once
+    /// no program uses them, and a link still pinned there is on an interface nobody shapes
+    /// any more, which this detaches.
+    pub fn retire_older_layouts(&mut self) -> Result<(), BpfError> {
+        let Some(current) = self.pin_dir.clone() else { return Ok(()) };
+        for dir in self.layout_dirs().into_iter().filter(|d| *d != current) {
+            let entries = std::fs::read_dir(&dir).map_err(pin_err(&dir, "listing an older layout's pins"))?;
+            for entry in entries {
+                let path = entry.map_err(pin_err(&dir, "listing an older layout's pins"))?.path();
+                std::fs::remove_file(&path).map_err(pin_err(&path, "removing an older layout's pin"))?;
+            }
+            std::fs::remove_dir(&dir).map_err(pin_err(&dir, "removing an older layout's pin directory"))?;
+            tracing::info!(dir = %dir.display(), "removed the pins of an older map layout");
+        }
+        Ok(())
+    }
+
+    /// This layout's pin directory and those of other layouts beside it (`v<N>`).
+    fn layout_dirs(&self) -> Vec<PathBuf> {
+        let Some(current) = &self.pin_dir else { return Vec::new() };
+        let Some(root) = current.parent() else { return vec![current.clone()] };
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                p.is_dir()
+                    && p.file_name()
+                        .and_then(|n| n.to_str())
+                        .and_then(|n| n.strip_prefix('v'))
+                        .is_some_and(|v| v.parse::<u32>().is_ok())
+            })
+            .collect();
+        dirs.sort();
+        dirs
+    }
+
+    /// Where an older map layout pinned `iface`'s TCX link, if one did.
+    fn older_link_pin(&self, iface: &str) -> Option<PathBuf> {
+        let current = self.pin_dir.as_ref()?;
+        self.layout_dirs()
+            .into_iter()
+            .filter(|d| d != current)
+            .map(|d| d.join(link_pin_name(iface)))
+            .find(|p| p.exists())
     }
 
     /// Removes the maps' pins (after [`Self::detach_all`]); the maps go when the last user

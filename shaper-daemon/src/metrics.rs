@@ -28,6 +28,8 @@
 //! | `shaper_config_generation` | gauge | generation of the configuration in force |
 //! | `shaper_allocator_tick_duration_seconds` | histogram | time one allocator tick took |
 //! | `shaper_allocator_tick_interval_seconds` | histogram | time from one tick's start to the next's (the configured `tick` when on time) |
+//! | `shaper_interface_reattachments_total{interface}` | counter | times shaping was put back on the interface (re-created, renamed back, or its `fq` or filter found missing) |
+//! | `shaper_interface_attached{interface}` | gauge | 1 while the interface is shaped, 0 while it is gone |
 //!
 //! Rates are exported in bytes per second although the configuration speaks bits: Prometheus
 //! wants base units, and `promtool check metrics` rejects `bits`. `8 * shaper_class_rate_bytes_per_second`
@@ -66,7 +68,13 @@ use prometheus_client::{
         text, DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder, MetricEncoder,
         NoLabelSet,
     },
-    metrics::{counter::ConstCounter, gauge::ConstGauge, histogram::Histogram, MetricType, TypedMetric},
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::{ConstGauge, Gauge},
+        histogram::Histogram,
+        MetricType, TypedMetric,
+    },
     registry::{Registry, Unit},
 };
 use shaper_common::{DELAY_BUCKETS, DELAY_BUCKET_BASE_NS};
@@ -115,6 +123,10 @@ pub struct Metrics {
     registry: Registry,
     tick: Histogram,
     tick_interval: Histogram,
+    /// Per interface: how many times shaping was put back on it.
+    reattachments: Family<InterfaceLabels, Counter>,
+    /// Per interface: whether it is shaped now (1) or gone (0).
+    attached: Family<InterfaceLabels, Gauge>,
     /// The snapshot the collector encodes; written by each scrape before it encodes.
     snapshot: Arc<Mutex<Snapshot>>,
     /// Held for a whole scrape, so that concurrent scrapes do not encode each other's snapshot.
@@ -147,9 +159,35 @@ impl Metrics {
             Unit::Seconds,
             tick_interval.clone(),
         );
+        let reattachments = Family::<InterfaceLabels, Counter>::default();
+        registry.register(
+            "interface_reattachments",
+            "Times shaping was put back on the interface: it was deleted and created again, renamed \
+             back to its configured name, or its fq or filter was found missing",
+            reattachments.clone(),
+        );
+        let attached = Family::<InterfaceLabels, Gauge>::default();
+        registry.register(
+            "interface_attached",
+            "Whether the interface is shaped (1), or gone, deleted or renamed away (0)",
+            attached.clone(),
+        );
         let snapshot = Arc::new(Mutex::new(Snapshot::default()));
         registry.register_collector(Box::new(SnapshotCollector(Arc::clone(&snapshot))));
-        Self { registry, tick, tick_interval, snapshot, scrape: Mutex::new(()) }
+        Self { registry, tick, tick_interval, reattachments, attached, snapshot, scrape: Mutex::new(()) }
+    }
+
+    /// Records whether `interface` is shaped (at start, and whenever it comes or goes).
+    pub fn set_interface_attached(&self, interface: &str, attached: bool) {
+        let labels = InterfaceLabels { interface: interface.to_owned() };
+        // The counter is there from the start, at 0, so that its first step shows in rate().
+        let _ = self.reattachments.get_or_create(&labels);
+        self.attached.get_or_create(&labels).set(i64::from(attached));
+    }
+
+    /// Counts one time shaping was put back on `interface`.
+    pub fn count_reattachment(&self, interface: &str) {
+        self.reattachments.get_or_create(&InterfaceLabels { interface: interface.to_owned() }).inc();
     }
 
     /// Records the duration of one allocator tick.
@@ -280,6 +318,12 @@ impl Collector for SnapshotCollector {
             generation.metric_type(),
         )?)
     }
+}
+
+/// Labels of an interface metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InterfaceLabels {
+    interface: String,
 }
 
 /// Labels of a class metric.
@@ -669,6 +713,29 @@ mod tests {
     }
 
     #[test]
+    fn interfaces_report_whether_they_are_shaped_and_their_reattachments() {
+        let metrics = Metrics::new();
+        metrics.set_interface_attached("wan0", true);
+        metrics.set_interface_attached("lan0", true);
+        let text = metrics.encode(Snapshot::default());
+        assert_eq!(sample(&text, r#"shaper_interface_attached{interface="wan0"}"#), Some("1"), "{text}");
+        // There from the start, at 0, so that the first re-attachment shows in rate().
+        assert_eq!(sample(&text, r#"shaper_interface_reattachments_total{interface="wan0"}"#), Some("0"), "{text}");
+        metrics.set_interface_attached("wan0", false);
+        let text = metrics.encode(Snapshot::default());
+        assert_eq!(sample(&text, r#"shaper_interface_attached{interface="wan0"}"#), Some("0"), "{text}");
+        metrics.set_interface_attached("wan0", true);
+        metrics.count_reattachment("wan0");
+        let text = metrics.encode(Snapshot::default());
+        assert_eq!(sample(&text, r#"shaper_interface_attached{interface="wan0"}"#), Some("1"), "{text}");
+        assert_eq!(sample(&text, r#"shaper_interface_reattachments_total{interface="wan0"}"#), Some("1"), "{text}");
+        assert_eq!(sample(&text, r#"shaper_interface_reattachments_total{interface="lan0"}"#), Some("0"), "{text}");
+        for family in ["# TYPE shaper_interface_reattachments counter", "# TYPE shaper_interface_attached gauge"] {
+            assert!(text.contains(family), "{family} in\n{text}");
+        }
+    }
+
+    #[test]
     fn delay_histogram_is_cumulative() {
         let text = Metrics::new().encode(snapshot());
         // prometheus-client writes `le` first.
@@ -713,6 +780,8 @@ mod tests {
         let metrics = Metrics::new();
         metrics.observe_tick(Duration::from_millis(2));
         metrics.observe_tick_interval(Duration::from_millis(10));
+        metrics.set_interface_attached("lan0", true);
+        metrics.count_reattachment("lan0");
         let text = as_classic_text(&metrics.encode(snapshot()));
         let mut child = match std::process::Command::new("promtool")
             .args(["check", "metrics"])

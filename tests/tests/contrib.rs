@@ -35,11 +35,18 @@ const METRICS: &[&str] = &[
     "shaper_class_pacing_rate_bytes_per_second",
     "shaper_class_added_delay_seconds",
     "shaper_allocator_tick_duration_seconds",
+    "shaper_allocator_tick_interval_seconds",
     "shaper_config_generation",
+    "shaper_interface_attached",
+    "shaper_interface_reattachments_total",
 ];
 
 /// The histograms among [`METRICS`]: Prometheus stores them as `_bucket`, `_sum` and `_count`.
-const HISTOGRAMS: &[&str] = &["shaper_class_added_delay_seconds", "shaper_allocator_tick_duration_seconds"];
+const HISTOGRAMS: &[&str] = &[
+    "shaper_class_added_delay_seconds",
+    "shaper_allocator_tick_duration_seconds",
+    "shaper_allocator_tick_interval_seconds",
+];
 
 /// The labels shaperd's metrics carry, plus the ones Prometheus adds (`instance`, `job`) and
 /// the histograms' `le`.
@@ -366,7 +373,10 @@ fn dashboard_charts_exactly_the_exported_metrics() {
 /// leaf class (families without samples are left out of a scrape).
 fn exposition() -> (BTreeSet<String>, BTreeSet<String>) {
     let leaf = ClassStatus { interface: "lan0".into(), name: "alex".into(), leaf: true, ..ClassStatus::default() };
-    let text = Metrics::new().encode(Snapshot { generation: 1, classes: vec![leaf], ..Snapshot::default() });
+    let metrics = Metrics::new();
+    // (Interfaces are labelled once shaperd sets them up.)
+    metrics.set_interface_attached("lan0", true);
+    let text = metrics.encode(Snapshot { generation: 1, classes: vec![leaf], ..Snapshot::default() });
     let mut families = BTreeSet::new();
     let mut labels = BTreeSet::new();
     for line in text.lines() {

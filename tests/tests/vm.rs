@@ -38,6 +38,12 @@ mod control;
 #[path = "vm/faults.rs"]
 mod faults;
 
+#[path = "vm/links.rs"]
+mod links;
+
+#[path = "vm/upgrades.rs"]
+mod upgrades;
+
 fn topology(tag: &str, clients: &[&str]) -> Topology {
     Topology::new(tag, "lan0", "wan0", "10.1.0", clients)
 }
@@ -101,6 +107,10 @@ fn static_rates(tag: &str, flows: &[(&str, &str, f64)]) {
     let sources: Vec<&str> = flows.iter().map(|f| f.1).collect();
     let topo = topology(tag, &sources);
     let mut daemon = topo.shaperd(STATIC_CONFIG);
+    // The kernel's own way: TCX from 6.6 on, clsact before (the VM tests run on both).
+    let mode = shaper::bpf::Datapath::attach_mode();
+    assert!(daemon.log().contains(&format!("mode={mode:?}")), "shaperd attaches with {mode:?}: {}", daemon.log());
+    assert_eq!(egress_filters(&topo, "wan0"), 1, "one {mode:?} attachment on wan0");
     let qdisc = topo.gw.sh(&["tc", "qdisc", "show", "dev", "wan0"]);
     assert!(
         String::from_utf8_lossy(&qdisc.stdout).contains("qdisc fq"),
@@ -157,6 +167,7 @@ fn static_rates(tag: &str, flows: &[(&str, &str, f64)]) {
     let qdisc = String::from_utf8_lossy(&qdisc.stdout);
     assert!(!qdisc.contains("qdisc fq"), "shaperd removes its fq on exit: {qdisc}\n{log}");
     assert!(!qdisc.contains("clsact"), "shaperd removes the clsact it added: {qdisc}");
+    assert_eq!(egress_filters(&topo, "wan0"), 0, "shaperd detaches on exit");
 }
 
 #[test]
@@ -892,11 +903,41 @@ class = "c2"
 src = "10.1.0.2"
 "#;
 
-/// The `cls_bpf` filters at egress of `iface` in the gateway (one line per filter with a
-/// program: `tc filter show` prints `... bpf ... name shaper_egress ...`).
+/// shaper's attachments at egress of `iface` in the gateway, of the kind this kernel gets
+/// ([`Datapath::attach_mode`]): `cls_bpf` filters under clsact before 6.6 (one line per filter
+/// with a program: `tc filter show` prints `... bpf ... name shaper_egress ...`), TCX links
+/// from 6.6 on (which `tc` does not show: the kernel lists their programs, `BPF_PROG_QUERY`).
+/// On a TCX kernel a shaper filter or a clsact qdisc means shaperd took the old path, which
+/// fails the test.
+///
+/// [`Datapath::attach_mode`]: shaper::bpf::Datapath::attach_mode
 fn egress_filters(topo: &Topology, iface: &str) -> usize {
     let out = topo.gw.sh(&["tc", "filter", "show", "dev", iface, "egress"]);
-    String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("shaper_egress")).count()
+    let filters = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("shaper_egress")).count();
+    match shaper::bpf::Datapath::attach_mode() {
+        shaper::bpf::AttachMode::Clsact => filters,
+        shaper::bpf::AttachMode::Tcx => {
+            let qdisc = topo.gw.sh(&["tc", "qdisc", "show", "dev", iface]);
+            let qdisc = String::from_utf8_lossy(&qdisc.stdout);
+            assert!(filters == 0 && !qdisc.contains("clsact"), "clsact on a TCX kernel: {qdisc}");
+            tcx_egress_programs(topo, iface)
+        }
+    }
+}
+
+/// The programs named `shaper_egress` attached by TCX at egress of `iface` in the gateway.
+fn tcx_egress_programs(topo: &Topology, iface: &str) -> usize {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // The interface is looked up by name in the thread's namespace.
+            topo.gw.enter();
+            let (_, programs) = aya::programs::SchedClassifier::query_tcx(iface, aya::programs::TcAttachType::Egress)
+                .unwrap_or_else(|e| panic!("querying the TCX programs at egress of {iface}: {e}"));
+            programs.iter().filter(|p| p.name_as_str() == Some(shaper_common::PROGRAM_NAME)).count()
+        })
+        .join()
+        .expect("the TCX query thread panicked")
+    })
 }
 
 /// Runs a shaperd that is expected not to start: with `config` (TOML text), its own socket,

@@ -5,7 +5,8 @@
 //!    clippy, LLVM 22 (for bpf-linker), QEMU and the tools the tests run (iperf3, ping, tc);
 //! 2. `bpf-linker`, built against Debian's LLVM 22 (which matches rustc-web's LLVM);
 //! 3. the cargo subcommands of the dependency checks: cargo-machete and cargo-deny;
-//! 4. the VM: a Debian kernel with `sch_fq` and virtme-ng (see [`crate::vm`]).
+//! 4. the VM: Debian 12's kernels 6.1 (clsact) and 6.12 (TCX), both with `sch_fq`, and
+//!    virtme-ng (see [`crate::vm`]).
 //!
 //! The recipe and why each piece is needed: `../shared/KERNEL-AND-TOOLCHAIN.md`.
 
@@ -63,7 +64,7 @@ pub const CARGO_MACHETE: CargoTool = CargoTool { name: "cargo-machete", version:
 /// Checks the dependency trees' licences, bans, sources and advisories against `deny.toml`.
 pub const CARGO_DENY: CargoTool = CargoTool { name: "cargo-deny", version: "0.20.2" };
 
-/// Installs everything: apt packages, bpf-linker, cargo-machete, cargo-deny, the VM kernel and
+/// Installs everything: apt packages, bpf-linker, cargo-machete, cargo-deny, the VM kernels and
 /// virtme-ng.
 pub fn ensure_all() -> anyhow::Result<()> {
     ensure_apt_packages(APT_PACKAGES)?;
@@ -71,12 +72,17 @@ pub fn ensure_all() -> anyhow::Result<()> {
     for tool in [CARGO_MACHETE, CARGO_DENY] {
         ensure_cargo_tool(&tool)?;
     }
-    let vm = crate::vm::ensure_vm()?;
+    let mut kernels = Vec::new();
+    let mut vng = None;
+    for line in crate::vm::KernelLine::ALL {
+        let vm = crate::vm::ensure_vm(line)?;
+        kernels.push(format!("{} ({}, package {})", vm.kernel.release, line.attach_mode(), vm.kernel.package));
+        vng = Some(vm.vng);
+    }
     eprintln!(
-        "setup: everything is in place; VM kernel {} (package {}), {}",
-        vm.kernel.release,
-        vm.kernel.package,
-        vm.vng.display()
+        "setup: everything is in place; VM kernels {}; {}",
+        kernels.join(", "),
+        vng.as_deref().map(std::path::Path::display).expect("KernelLine::ALL is not empty")
     );
     Ok(())
 }

@@ -4,8 +4,10 @@
 //! its BPF target; see [`crate::lint`]), dependencies (unused ones, and cargo-deny's licences,
 //! bans, sources and advisories; see [`crate::deps`]), host tests (unit tests and kernel tests on
 //! the host kernel; need root), VM tests (the `vm` test of `shaper-tests`, built on the host and
-//! run in the VM, whose kernel has `sch_fq`). Ends with a table of stages, the checks that could
-//! not run, and a line `N passed, M failed`; exits non-zero if any stage failed.
+//! run in the VM, whose kernel has `sch_fq`): the whole suite on Debian's 6.1, where shaperd
+//! attaches under clsact, then [`TCX_VM_TESTS`] on Debian's 6.12, where it attaches a TCX link.
+//! Ends with a table of stages, the checks that could not run, and a line `N passed, M failed`;
+//! exits non-zero if any stage failed.
 
 use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;
@@ -16,6 +18,7 @@ use anyhow::{bail, Context as _};
 use clap::Args;
 use serde::Deserialize;
 
+use crate::vm::KernelLine;
 use crate::{deps, lint, setup, util, vm};
 
 /// The package, feature and test target of the VM tests.
@@ -23,14 +26,30 @@ const VM_TEST_PACKAGE: &str = "shaper-tests";
 const VM_TEST_FEATURE: &str = "vm";
 const VM_TEST_TARGET: &str = "vm";
 
+/// The VM tests run on the TCX kernel too: static pacing, a failed start beside a running
+/// shaperd, kill -9 + takeover + upgrade, reload, fq's installation, an upgrade to another map
+/// layout that also drops an interface, and interfaces that come and go. Together they
+/// attach, adopt, replace and remove the TCX link every way shaperd does, in about 6 minutes;
+/// the rest (sharing, latency, isolation) is the same datapath whatever attaches it, and runs
+/// on 6.1.
+const TCX_VM_TESTS: &[&str] = &[
+    "static_classes_of_2_3_5_mbit_are_paced_within_two_percent",
+    "a_start_that_fails_leaves_the_running_shaper_as_it_was",
+    "killed_daemon_keeps_shaping_and_a_new_one_takes_over",
+    "operations_runtime_changes_reload_and_prometheus",
+    "fq_is_installed_over_the_kernel_default_and_restored",
+    "upgrades::the_next_shaperd_takes_over_what_it_shapes_and_gives_back_the_rest",
+    "links::interfaces_that_come_and_go_are_shaped_again_within_a_second",
+];
+
 /// Options of `cargo xtask test`.
 #[derive(Args, Debug)]
 pub struct TestArgs {
-    /// Kill the VM running the VM tests after this many seconds.
+    /// Kill the VM running the VM tests after this many seconds (each VM: 6.1, then 6.12).
     #[arg(long, default_value_t = 3600)]
     pub vm_timeout: u64,
     /// Run only this stage (repeatable): setup, fmt, clippy, dependencies, "host tests",
-    /// "vm tests". CI runs them all.
+    /// "vm tests", "vm tests (6.12, TCX)". CI runs them all.
     #[arg(long, value_name = "STAGE")]
     pub only: Vec<String>,
 }
@@ -57,7 +76,8 @@ pub fn run(args: &TestArgs) -> ExitCode {
         ("clippy", complete(lint::clippy)),
         ("dependencies", Box::new(deps::check)),
         ("host tests", complete(host_tests)),
-        ("vm tests", complete(move || vm_tests(vm_timeout))),
+        ("vm tests", complete(move || vm_tests(KernelLine::V6_1, &[], vm_timeout))),
+        ("vm tests (6.12, TCX)", complete(move || vm_tests(KernelLine::V6_12, TCX_VM_TESTS, vm_timeout))),
     ];
     if let Some(unknown) = args.only.iter().find(|only| !plan.iter().any(|(name, _)| name == only)) {
         let names: Vec<&str> = plan.iter().map(|(name, _)| *name).collect();
@@ -139,33 +159,57 @@ fn host_tests() -> anyhow::Result<()> {
     cargo(&["test", "--workspace", "--no-fail-fast", "--", "--test-threads=1"])
 }
 
-/// Builds the VM test binary on the host, runs it in the VM and checks it passed tests.
-fn vm_tests(timeout: Duration) -> anyhow::Result<()> {
+/// Builds the VM test binary on the host, runs it in a VM on the kernel of `line` (all its
+/// tests, or only those named in `only`) and checks it passed them.
+fn vm_tests(line: KernelLine, only: &[&str], timeout: Duration) -> anyhow::Result<()> {
     // The daemon under test is the release build, as on a gateway: a debug build's own CPU
     // time under QEMU's emulation would show in the latency and convergence figures.
     let bins = crate::demo::build_release_bins()?;
     let exe = build_vm_tests()?;
     let root = util::workspace_root();
+    // `--exact`: a name selects that test only, not every test whose name contains it.
+    let selection: String = if only.is_empty() {
+        String::new()
+    } else {
+        std::iter::once(" --exact".to_owned())
+            .chain(only.iter().map(|name| format!(" {}", util::shell_quote(name))))
+            .collect()
+    };
+    // The kernel is checked from inside, so that a fallback to another cached kernel (or a
+    // metapackage that moved) cannot pass the run off as this line's.
     let script = format!(
-        "modprobe sch_fq\n\
+        "set -e\n\
+         echo \"vm tests: guest kernel $(uname -r)\"\n\
+         case \"$(uname -r)\" in {series}.*) ;; *) echo \"vm tests: not a {series} kernel\"; exit 3;; esac\n\
+         modprobe sch_fq\n\
+         modprobe sch_fq_codel\n\
          modprobe veth\n\
-         mount -t bpf bpf /sys/fs/bpf 2>/dev/null\n\
+         mount -t bpf bpf /sys/fs/bpf 2>/dev/null || true\n\
          cd {root}\n\
          export SHAPER_IN_VM=1\n\
          export SHAPER_BIN_DIR={bins}\n\
-         exec {exe} --test-threads=1 --nocapture\n",
+         exec {exe} --test-threads=1 --nocapture{selection}\n",
+        series = line.name(),
         root = util::shell_quote_path(&root)?,
         exe = util::shell_quote_path(&exe)?,
         bins = util::shell_quote_path(&bins)?,
     );
-    let rwdir = vm::vm_dir().join("test-run");
-    println!("vm tests: running {} in the VM", exe.display());
-    let run = vm::run_in_vm_live(&script, &rwdir, timeout)?;
+    let rwdir = match line {
+        KernelLine::V6_1 => vm::vm_dir().join("test-run"),
+        KernelLine::V6_12 => vm::vm_dir().join("test-run-6.12"),
+    };
+    println!("vm tests: running {} in the VM ({}, {})", exe.display(), line.name(), line.attach_mode());
+    let run = vm::run_in_vm_live_on(line, &script, &rwdir, timeout)?;
     println!("vm tests: exit code {}", run.exit_code);
     if run.exit_code != 0 {
-        bail!("the VM tests exited with code {}", run.exit_code);
+        bail!("the VM tests on {} exited with code {}", line.name(), run.exit_code);
     }
     match passed_count(&run.output) {
+        Some(n) if !only.is_empty() && n != only.len() as u64 => bail!(
+            "{n} of the {} VM tests selected for {} passed (is one of {only:?} renamed?)",
+            only.len(),
+            line.name()
+        ),
         Some(n) if n > 0 => Ok(()),
         Some(_) => bail!("the VM tests ran no test (`test result: ok. 0 passed`)"),
         None => {

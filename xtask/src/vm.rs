@@ -5,10 +5,17 @@
 //! the host's root file system (read-only, so host-built binaries run unchanged and the workspace
 //! is visible at the same path) plus writable `--rwdir` folders.
 //!
+//! Two kernels, both Debian 12 packages ([`KernelLine`]): 6.1, the release's own, where shaperd
+//! attaches under clsact; and 6.12, which has TCX (6.6 and later), so shaperd attaches a TCX
+//! link there. `cargo xtask test` runs the full VM suite on 6.1 and a subset on 6.12.
+//!
 //! Everything is cached under `target/vm/`:
-//! - `debs/`: the downloaded `linux-image-<ver>` package;
-//! - `kernels/<ver>/`: the package extracted (`boot/vmlinuz-<ver>`); its modules are copied to
-//!   `/lib/modules/<ver>` on the host, where the guest (which sees the host's root) finds them;
+//! - `debs/`: the downloaded `linux-image-<ver>` packages;
+//! - `kernels/<ver>/`: each package extracted (`boot/vmlinuz-<ver>`, `lib/modules/<ver>`, with
+//!   the `modules.dep` that `depmod` writes there). virtme-ng finds the modules next to the
+//!   image it boots (the image's `../lib/modules/<ver>`) and links them in the guest as
+//!   `/lib/modules/<ver>` over a tmpfs, so `modprobe` in the guest loads from there; nothing is
+//!   installed in the host's own `/lib/modules`;
 //! - `venv/`: a Python venv with virtme-ng (`vng`).
 //!
 //! vng's own exit status is useless (255 whatever the guest command returned) and the guest's
@@ -32,8 +39,56 @@ use crate::{setup, util};
 /// The virtme-ng release the recipe was verified with.
 pub const VIRTME_NG_VERSION: &str = "1.42";
 
-/// The Debian metapackage whose dependency names the kernel to use.
-const KERNEL_METAPACKAGE: &str = "linux-image-amd64";
+/// A Debian 12 kernel series the VM can boot; each is found through a metapackage that
+/// depends on its newest build, so the choice follows Debian's updates and is the same on
+/// every machine with the same package lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KernelLine {
+    /// Debian 12's own kernel (`linux-image-amd64`): no TCX, so shaperd attaches under clsact.
+    #[value(name = "6.1")]
+    V6_1,
+    /// Debian 12's 6.12 (`linux-image-6.12-amd64`): TCX, so shaperd attaches a TCX link.
+    #[value(name = "6.12")]
+    V6_12,
+}
+
+impl KernelLine {
+    /// Every line, the default first.
+    pub const ALL: [Self; 2] = [Self::V6_1, Self::V6_12];
+
+    /// The series, as `--kernel` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::V6_1 => "6.1",
+            Self::V6_12 => "6.12",
+        }
+    }
+
+    /// How shaperd attaches its program on this kernel (TCX from 6.6 on).
+    pub fn attach_mode(self) -> &'static str {
+        match self {
+            Self::V6_1 => "clsact",
+            Self::V6_12 => "TCX",
+        }
+    }
+
+    /// The metapackage whose dependency names the kernel package to use.
+    fn metapackage(self) -> &'static str {
+        match self {
+            Self::V6_1 => "linux-image-amd64",
+            Self::V6_12 => "linux-image-6.12-amd64",
+        }
+    }
+
+    /// `true` if `release` (`uname -r`) belongs to this series: `6.1.0-56-amd64` to 6.1,
+    /// `6.12.117+deb12-amd64` to 6.12 (and neither to the other, nor a `-rt`/`-cloud` flavour).
+    fn owns(self, release: &str) -> bool {
+        release.strip_prefix(self.name()).is_some_and(|rest| rest.starts_with('.'))
+            && release.ends_with("-amd64")
+            && !release.ends_with("-rt-amd64")
+            && !release.ends_with("-cloud-amd64")
+    }
+}
 
 /// Memory and CPUs of the guest (the host has 2 cores).
 const VM_MEMORY: &str = "2G";
@@ -73,6 +128,9 @@ pub struct Vm {
 /// Options of `cargo xtask vm`.
 #[derive(Args, Debug)]
 pub struct VmArgs {
+    /// The kernel to boot: Debian 12's 6.1 (clsact) or its 6.12 (TCX).
+    #[arg(long, value_enum, default_value = "6.1")]
+    pub kernel: KernelLine,
     /// Kill the VM after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
@@ -90,7 +148,7 @@ pub fn run(args: &VmArgs) -> anyhow::Result<ExitCode> {
     let rwdir = args.rwdir.clone().unwrap_or_else(|| vm_dir().join("run"));
     let script = args.command.iter().map(|word| util::shell_quote(word)).collect::<Vec<_>>().join(" ");
     let started = Instant::now();
-    let result = run_in_vm(&script, &rwdir, Duration::from_secs(args.timeout))?;
+    let result = run_in_vm(args.kernel, &script, &rwdir, Duration::from_secs(args.timeout))?;
     print!("{}", result.output);
     if !result.output.is_empty() && !result.output.ends_with('\n') {
         println!();
@@ -104,56 +162,59 @@ pub fn vm_dir() -> PathBuf {
     util::target_dir().join("vm")
 }
 
-/// Makes sure the kernel and virtme-ng are in place (installing what is missing).
-pub fn ensure_vm() -> anyhow::Result<Vm> {
-    let kernel = ensure_kernel()?;
+/// Makes sure the kernel of `line` and virtme-ng are in place (installing what is missing).
+pub fn ensure_vm(line: KernelLine) -> anyhow::Result<Vm> {
+    let kernel = ensure_kernel(line)?;
     let vng = ensure_virtme_ng()?;
     Ok(Vm { kernel, vng })
 }
 
-/// The kernel package `linux-image-amd64` currently depends on, e.g. `linux-image-6.1.0-56-amd64`.
-/// Runs `apt-get update` once if apt does not know the metapackage yet (fresh machine).
-pub fn kernel_package() -> anyhow::Result<String> {
-    if let Some(package) = query_kernel_package()? {
+/// The kernel package `line`'s metapackage currently depends on, e.g.
+/// `linux-image-6.1.0-56-amd64` or `linux-image-6.12.117+deb12-amd64`. Runs `apt-get update`
+/// once if apt does not know the metapackage yet (fresh machine).
+pub fn kernel_package(line: KernelLine) -> anyhow::Result<String> {
+    if let Some(package) = query_kernel_package(line)? {
         return Ok(package);
     }
     setup::require_root("refresh apt's package lists")?;
     setup::apt_get_update()?;
-    query_kernel_package()?.with_context(|| {
+    query_kernel_package(line)?.with_context(|| {
         format!(
-            "`apt-cache depends {KERNEL_METAPACKAGE}` names no linux-image-*-amd64 package: \
-             the VM kernel comes from Debian's archive (is this Debian with main enabled?)"
+            "`apt-cache depends {}` names no linux-image-{}.*-amd64 package: the VM kernel comes \
+             from Debian 12's archive (is this Debian 12 with main and bookworm-security enabled?)",
+            line.metapackage(),
+            line.name()
         )
     })
 }
 
-fn query_kernel_package() -> anyhow::Result<Option<String>> {
-    let out = util::command("apt-cache", &["depends", KERNEL_METAPACKAGE])
+fn query_kernel_package(line: KernelLine) -> anyhow::Result<Option<String>> {
+    let out = util::command("apt-cache", &["depends", line.metapackage()])
         .stdin(Stdio::null())
         .output()
         .context("cannot run apt-cache (is this Debian/Ubuntu?)")?;
-    Ok(parse_kernel_dependency(&String::from_utf8_lossy(&out.stdout)))
+    Ok(parse_kernel_dependency(&String::from_utf8_lossy(&out.stdout), line))
 }
 
-/// Picks `linux-image-<release>` out of `apt-cache depends linux-image-amd64`'s output.
-fn parse_kernel_dependency(apt_cache_depends: &str) -> Option<String> {
-    apt_cache_depends.lines().find_map(|line| {
-        let name = line.trim().trim_start_matches('|').strip_prefix("Depends:")?.trim();
+/// Picks `linux-image-<release>` of `line`'s series out of `apt-cache depends <metapackage>`'s
+/// output.
+fn parse_kernel_dependency(apt_cache_depends: &str, line: KernelLine) -> Option<String> {
+    apt_cache_depends.lines().find_map(|text| {
+        let name = text.trim().trim_start_matches('|').strip_prefix("Depends:")?.trim();
         let release = name.strip_prefix("linux-image-")?;
-        let looks_like_release =
-            release.starts_with(|c: char| c.is_ascii_digit()) && !release.contains(['<', '>', ' ']);
+        let looks_like_release = line.owns(release) && !release.contains(['<', '>', ' ']);
         looks_like_release.then(|| name.to_owned())
     })
 }
 
-/// Downloads and extracts the Debian kernel (once) and installs its modules in `/lib/modules`.
-pub fn ensure_kernel() -> anyhow::Result<VmKernel> {
+/// Downloads and extracts the Debian kernel of `line` (once) and indexes its modules.
+pub fn ensure_kernel(line: KernelLine) -> anyhow::Result<VmKernel> {
     let kernels = vm_dir().join("kernels");
-    let package = match kernel_package() {
+    let package = match kernel_package(line) {
         Ok(package) => package,
         Err(err) => {
             // Without apt (or its lists) a kernel fetched earlier is still good.
-            let cached = cached_kernels(&kernels);
+            let cached = cached_kernels(&kernels, line);
             let Some(kernel) = cached.into_iter().next() else {
                 return Err(err);
             };
@@ -191,15 +252,15 @@ pub fn ensure_kernel() -> anyhow::Result<VmKernel> {
     Ok(kernel)
 }
 
-/// Kernels extracted earlier, newest name first.
-fn cached_kernels(kernels: &Path) -> Vec<VmKernel> {
+/// Kernels of `line` extracted earlier, newest name first.
+fn cached_kernels(kernels: &Path, line: KernelLine) -> Vec<VmKernel> {
     let Ok(entries) = fs::read_dir(kernels) else {
         return Vec::new();
     };
     let mut found: Vec<VmKernel> = entries
         .filter_map(Result::ok)
         .filter_map(|entry| {
-            let release = entry.file_name().into_string().ok()?;
+            let release = entry.file_name().into_string().ok().filter(|r| line.owns(r))?;
             let vmlinuz = entry.path().join("boot").join(format!("vmlinuz-{release}"));
             vmlinuz.is_file().then(|| VmKernel { package: format!("linux-image-{release}"), release, vmlinuz })
         })
@@ -227,7 +288,7 @@ fn download_deb(package: &str) -> anyhow::Result<PathBuf> {
         eprintln!("vm: {} already downloaded", deb.display());
         return Ok(deb);
     }
-    eprintln!("vm: downloading {package} (about 70 MB)");
+    eprintln!("vm: downloading {package} (70 to 110 MB)");
     // As root into a root-owned dir; without this apt warns that its `_apt` sandbox user
     // cannot write there (and then downloads unsandboxed anyway).
     let mut cmd = setup::apt_get(&["download", "-q", "-o", "APT::Sandbox::User=root", package]);
@@ -236,29 +297,34 @@ fn download_deb(package: &str) -> anyhow::Result<PathBuf> {
     find()?.with_context(|| format!("`apt-get download {package}` left no {package}_*.deb in {}", debs.display()))
 }
 
-/// Copies the kernel's modules to `/lib/modules/<release>` (where the guest looks) and runs
-/// `depmod`, unless that was done before.
+/// Runs `depmod` over the extracted modules (`lib/modules/<release>` next to `boot/`) unless
+/// their `modules.dep` is there. virtme-ng would run it on the first boot too, but silently
+/// carries on without modules if that fails; here a failure says what is wrong before a VM
+/// run's `modprobe sch_fq` does.
 fn ensure_modules(kernel: &VmKernel) -> anyhow::Result<()> {
-    let installed = Path::new("/lib/modules").join(&kernel.release);
-    if installed.join("modules.dep").is_file() {
-        eprintln!("vm: modules for {} already in {}", kernel.release, installed.display());
+    let extracted = kernel.vmlinuz.parent().and_then(Path::parent).context("vmlinuz path has no parent")?;
+    let modules = extracted.join("lib/modules").join(&kernel.release);
+    if modules.join("modules.dep").is_file() {
+        eprintln!("vm: modules for {} already indexed ({})", kernel.release, modules.display());
         return Ok(());
     }
-    setup::require_root(&format!("install the VM kernel's modules in {}", installed.display()))?;
-    let extracted = kernel.vmlinuz.parent().and_then(Path::parent).context("vmlinuz path has no parent")?;
-    let source = ["lib/modules", "usr/lib/modules"]
-        .iter()
-        .map(|dir| extracted.join(dir).join(&kernel.release))
-        .find(|dir| dir.is_dir())
-        .with_context(|| format!("no lib/modules/{} in {}", kernel.release, extracted.display()))?;
-    fs::create_dir_all("/lib/modules").context("cannot create /lib/modules")?;
-    util::run(Command::new("cp").arg("-a").arg(&source).arg("/lib/modules/"))?;
-    let depmod = util::find_program("depmod").unwrap_or_else(|| PathBuf::from("/usr/sbin/depmod"));
-    util::run(&mut util::command(depmod, &[&kernel.release]))?;
-    if !installed.join("modules.dep").is_file() {
-        bail!("depmod {} wrote no {}/modules.dep", kernel.release, installed.display());
+    if !modules.join("kernel").is_dir() {
+        bail!("{} has no modules: {} is missing (not the kernel package expected)", kernel.package, modules.display());
     }
-    eprintln!("vm: installed modules for {} in {}", kernel.release, installed.display());
+    let depmod = util::find_program("depmod").unwrap_or_else(|| PathBuf::from("/usr/sbin/depmod"));
+    // `-b DIR`: Debian 12's kmod reads DIR/lib/modules/<release>, where dpkg -x put them.
+    let mut cmd = Command::new(depmod);
+    cmd.arg("-b").arg(extracted).arg(&kernel.release);
+    util::run(&mut cmd)?;
+    if !modules.join("modules.dep").is_file() {
+        bail!(
+            "`depmod -b {} {}` wrote no {}/modules.dep (does this kmod read another modules directory?)",
+            extracted.display(),
+            kernel.release,
+            modules.display()
+        );
+    }
+    eprintln!("vm: indexed the modules of {} ({})", kernel.release, modules.display());
     Ok(())
 }
 
@@ -318,13 +384,19 @@ fn installed_virtme_ng_version(venv: &Path) -> Option<String> {
 /// The script starts in the workspace root (visible read-only at the same path in the guest),
 /// with the host's `PATH` (plus `~/.cargo/bin`) and `HOME`. It must load the modules it needs
 /// (`modprobe sch_fq veth ...`) and mount what it needs (`/sys/fs/bpf`) itself.
-pub fn run_in_vm(script: &str, rwdir: &Path, timeout: Duration) -> anyhow::Result<VmRun> {
-    run_vm(script, rwdir, timeout, false)
+pub fn run_in_vm(line: KernelLine, script: &str, rwdir: &Path, timeout: Duration) -> anyhow::Result<VmRun> {
+    run_vm(line, script, rwdir, timeout, false)
 }
 
-/// Like [`run_in_vm`], and also copies the script's output to our stdout while it runs.
+/// Like [`run_in_vm`] on the default kernel (6.1), and also copies the script's output to our
+/// stdout while it runs.
 pub fn run_in_vm_live(script: &str, rwdir: &Path, timeout: Duration) -> anyhow::Result<VmRun> {
-    run_vm(script, rwdir, timeout, true)
+    run_in_vm_live_on(KernelLine::V6_1, script, rwdir, timeout)
+}
+
+/// Like [`run_in_vm_live`], on the kernel of `line`.
+pub fn run_in_vm_live_on(line: KernelLine, script: &str, rwdir: &Path, timeout: Duration) -> anyhow::Result<VmRun> {
+    run_vm(line, script, rwdir, timeout, true)
 }
 
 /// The files of one run, in `<rwdir>/.xtask-vm/`.
@@ -351,8 +423,8 @@ impl RunFiles {
     }
 }
 
-fn run_vm(script: &str, rwdir: &Path, timeout: Duration, live: bool) -> anyhow::Result<VmRun> {
-    let vm = ensure_vm()?;
+fn run_vm(kernel: KernelLine, script: &str, rwdir: &Path, timeout: Duration, live: bool) -> anyhow::Result<VmRun> {
+    let vm = ensure_vm(kernel)?;
     fs::create_dir_all(rwdir).with_context(|| format!("cannot create {}", rwdir.display()))?;
     let rwdir = rwdir.canonicalize().with_context(|| format!("cannot resolve {}", rwdir.display()))?;
     let files = RunFiles::new(&rwdir);
@@ -516,14 +588,31 @@ fn tail(text: &str, lines: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_kernel_dependency, tail};
+    use super::{parse_kernel_dependency, tail, KernelLine};
 
     #[test]
     fn kernel_dependency() {
         let out = "linux-image-amd64\n  Depends: linux-image-6.1.0-56-amd64\n";
-        assert_eq!(parse_kernel_dependency(out).as_deref(), Some("linux-image-6.1.0-56-amd64"));
-        assert_eq!(parse_kernel_dependency("linux-image-amd64\n"), None);
-        assert_eq!(parse_kernel_dependency("x\n  Depends: <linux-image-6.1-virtual>\n"), None);
+        assert_eq!(parse_kernel_dependency(out, KernelLine::V6_1).as_deref(), Some("linux-image-6.1.0-56-amd64"));
+        assert_eq!(parse_kernel_dependency(out, KernelLine::V6_12), None, "a 6.1 kernel is not a 6.12 one");
+        assert_eq!(parse_kernel_dependency("linux-image-amd64\n", KernelLine::V6_1), None);
+        assert_eq!(parse_kernel_dependency("x\n  Depends: <linux-image-6.1-virtual>\n", KernelLine::V6_1), None);
+        let out = "linux-image-6.12-amd64\n  Depends: linux-image-6.12.117+deb12-amd64\n";
+        assert_eq!(
+            parse_kernel_dependency(out, KernelLine::V6_12).as_deref(),
+            Some("linux-image-6.12.117+deb12-amd64")
+        );
+        assert_eq!(parse_kernel_dependency(out, KernelLine::V6_1), None, "6.12 does not start with \"6.1.\"");
+    }
+
+    #[test]
+    fn kernel_lines_own_their_flavour_only() {
+        assert!(KernelLine::V6_12.owns("6.12.117+deb12-amd64"));
+        assert!(!KernelLine::V6_12.owns("6.12.117+deb12-rt-amd64"));
+        assert!(!KernelLine::V6_12.owns("6.12.117+deb12-cloud-amd64"));
+        assert!(KernelLine::V6_1.owns("6.1.0-56-amd64"));
+        assert!(!KernelLine::V6_1.owns("6.12.117+deb12-amd64"));
+        assert!(!KernelLine::V6_1.owns("6.10.1-amd64"));
     }
 
     #[test]

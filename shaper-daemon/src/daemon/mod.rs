@@ -9,11 +9,13 @@
 //! - `state`: what the daemon tracks per class, and the control loop that sets the rates;
 //! - `handler`: the `shaperctl` requests, reloads and runtime changes;
 //! - `ids`: which datapath id each class takes, and the rules resolved to those ids;
+//! - `links`: interfaces that are deleted and created again, renamed, or go down and up;
 //! - `handover`: what a shaperd leaves beside its socket for the next one (upgrades).
 
 mod handler;
 mod handover;
 mod ids;
+mod links;
 mod setup;
 mod state;
 
@@ -22,6 +24,7 @@ use std::{
     sync::Arc,
 };
 
+use futures::future::OptionFuture;
 use tokio::sync::{watch, Mutex};
 use tracing::{error, info, warn};
 
@@ -66,6 +69,9 @@ pub enum DaemonError {
     /// The control socket could not be bound.
     #[error(transparent)]
     Socket(#[from] SocketError),
+    /// The kernel's link events could not be subscribed to.
+    #[error("subscribing to the kernel's link events (rtnetlink), to follow interfaces that come and go")]
+    LinkEvents(#[source] std::io::Error),
     /// The Prometheus listener could not be bound.
     #[error("listening for Prometheus on {addr} (daemon.metrics_listen)")]
     Metrics {
@@ -155,6 +161,8 @@ pub async fn run(
         }
         None => None,
     };
+    // Before the setup: what happens to an interface once it is set up waits there to be read.
+    let link_events = links::Subscription::open().map_err(DaemonError::LinkEvents)?;
     let (mut datapath, adopted) = match &options.pin_dir {
         Some(root) => Datapath::load_pinned(root)?,
         None => (Datapath::load()?, false),
@@ -184,8 +192,12 @@ pub async fn run(
         }),
         metrics: Arc::new(Metrics::new()),
     });
+    // Shared with the links task, which adds the fq of an interface created again.
+    let installed = Arc::new(Mutex::new(installed));
     let (stop, stopped) = watch::channel(false);
     let control = tokio::spawn(control_loop(Arc::clone(&shared), tick, stopped.clone()));
+    let follower =
+        tokio::spawn(links::follow(Arc::clone(&shared), Arc::clone(&installed), link_events, stopped.clone()));
     let exporter = metrics_listener.map(|listener| spawn_exporter(listener, &shared, stopped.clone()));
     let mut server_stopped = stopped;
     let (last, ()) = tokio::join!(
@@ -211,16 +223,14 @@ pub async fn run(
             let _ = server_stopped.wait_for(|s| *s).await;
         }),
     );
-    if let Err(e) = control.await {
-        warn!(error = %e, "the control loop ended abnormally");
-    }
-    if let Some(Err(e)) = match exporter {
-        Some(task) => Some(task.await),
-        None => None,
-    } {
-        warn!(error = %e, "the metrics endpoint ended abnormally");
+    let tasks = [(Some(control), "the control loop"), (Some(follower), "following the interfaces")];
+    for (task, what) in tasks.into_iter().chain([(exporter, "the metrics endpoint")]) {
+        if let Some(Err(e)) = OptionFuture::from(task).await {
+            warn!(error = %e, "{what} ended abnormally");
+        }
     }
     drop(server);
+    let installed = Arc::into_inner(installed).expect("the links task has ended").into_inner();
     let mut state = shared.state.lock().await;
     if last == Signal::Handover && options.pin_dir.is_some() {
         installed.leave_in_place(&mut state.datapath);

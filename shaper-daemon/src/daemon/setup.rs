@@ -92,11 +92,15 @@ impl Installed {
         ifindexes: &[u32],
         fresh: (Vec<u32>, rules::Compiled),
     ) -> Result<Started, DaemonError> {
-        let handover = match options.handover_file() {
-            Some(path) if adopted => Handover::read(&path),
-            _ => Handover::default(),
+        // What an earlier shaperd set up on the interfaces counts whether or not its maps are
+        // taken over (a new map layout is not); its class ids and banks only if they are.
+        let record = options.handover_file().map(|path| Handover::read(&path)).unwrap_or_default();
+        let handover = if adopted {
+            record
+        } else {
+            Handover { interfaces: record.interfaces, added_clsact: record.added_clsact, ..Handover::default() }
         };
-        datapath.assume_bank_ports(handover.bank_ports);
+        datapath.assume_bank_ports(handover.bank_ports.clone());
         let previous: Vec<(&str, u32)> = handover.classes.iter().map(|(n, id)| (n.as_str(), *id)).collect();
         let ids = assign_ids(config, &previous).expect("validated: at most MAX_CLASSES classes");
         let (fresh_ids, mut compiled) = fresh;
@@ -127,6 +131,8 @@ impl Installed {
             let (mode, took_over) = datapath.attach(&iface.name)?;
             info!(interface = %iface.name, ?mode, took_over, "attached at egress");
         }
+        handover.take_interfaces_over(config, datapath).await;
+        datapath.retire_older_layouts()?;
         if let Some(path) = options.handover_file() {
             Handover::write(&path, config, &ids, datapath);
         }
@@ -154,6 +160,19 @@ impl Installed {
         if let Some(path) = self.handover_file.take() {
             let _ = std::fs::remove_file(path);
         }
+    }
+
+    /// Takes out the `fq` guard of interface `ifindex` (gone, or renamed away: see `links`), for
+    /// the caller to restore or drop.
+    pub(super) fn take_fq(&mut self, ifindex: u32) -> Option<FqGuard> {
+        let at = self.fq.iter().position(|g| g.ifindex() == ifindex)?;
+        Some(self.fq.remove(at))
+    }
+
+    /// Adds the `fq` guard of an interface set up after the start (re-created: see `links`),
+    /// so that shutdown gives it its root qdisc back like the others.
+    pub(super) fn add_fq(&mut self, guard: FqGuard) {
+        self.fq.push(guard);
     }
 
     /// Leaves everything in place for the next shaperd (a handover): the program attached to
@@ -204,7 +223,8 @@ async fn restore_root_qdiscs(guards: Vec<FqGuard>) {
     }
 }
 
-/// Writes each interface's slot, default class and overhead.
+/// Writes each interface's slot, default class and overhead (index 0: the interface is
+/// gone, and skipped).
 pub(super) fn set_ifaces(
     datapath: &mut Datapath,
     config: &Config,
@@ -212,6 +232,10 @@ pub(super) fn set_ifaces(
     ids: &[u32],
 ) -> Result<(), BpfError> {
     for (slot, (iface, &index)) in config.interfaces.iter().zip(ifindexes).enumerate() {
+        if index == 0 {
+            // No interface has the name at the moment (see `links`): nothing to write.
+            continue;
+        }
         let default = config.classes.iter().position(|c| c.name == iface.default_class).expect("validated");
         let flags = IFACE_ENABLED
             | if netdev::is_l3(&iface.name) { IFACE_L3 } else { 0 }

@@ -176,6 +176,14 @@ pub enum QdiscError {
         /// The failed request.
         source: KernelError,
     },
+    /// Listing the filters at egress failed.
+    #[error("cannot list the egress filters of {ifname}")]
+    Filters {
+        /// The interface being inspected.
+        ifname: String,
+        /// The failed request.
+        source: KernelError,
+    },
     /// Someone configured the root qdisc, and replacing it was not allowed.
     #[error(
         "the root qdisc of {ifname} is `{kind}`, configured by someone else; shaper needs `fq` \
@@ -337,6 +345,33 @@ pub async fn delete_clsact(ifname: &str) -> Result<(), QdiscError> {
         Err(source) if matches!(source.errno().map(Errno::from_raw), Some(Errno::ENOENT | Errno::EINVAL)) => Ok(()),
         Err(source) => Err(QdiscError::Delete { ifname: ifname.to_owned(), source }),
     }
+}
+
+/// Removes the `fq` shaper installed on `ifname` (handle [`SHAPER_FQ_HANDLE`]), so that the
+/// kernel attaches its default root qdisc again: for an interface an earlier shaperd shaped
+/// and this one does not. Any other root qdisc, or a missing interface, is left alone.
+/// Returns whether it removed one.
+pub async fn remove_shaper_fq(ifname: &str) -> Result<bool, QdiscError> {
+    let rtnl = Rtnl::open(ifname)?;
+    let ifindex = match rtnl.ifindex(ifname).await {
+        Ok(i) => i,
+        Err(QdiscError::NoSuchInterface { .. }) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    match rtnl.root(ifname, ifindex).await? {
+        RootQdisc::Fq { handle } if handle == SHAPER_FQ_HANDLE => {
+            rtnl.delete_root(ifname, ifindex, handle).await?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// Whether interface `ifindex` (called `ifname`) has a `cls_bpf` filter at egress with
+/// `priority` and `handle` (shaper's, see `crate::bpf::FILTER_PRIORITY`).
+pub async fn has_egress_filter(ifname: &str, ifindex: u32, priority: u16, handle: u32) -> Result<bool, QdiscError> {
+    let rtnl = Rtnl::open(ifname)?;
+    Ok(rtnl.egress_filters(ifname, ifindex, "bpf").await?.contains(&(priority, handle)))
 }
 
 /// Tells what the root qdisc of `ifname` is.

@@ -211,6 +211,41 @@ impl Rtnl {
         Ok(entries)
     }
 
+    /// The `(priority, handle)` of each filter of kind `kind` at egress of interface
+    /// `ifindex` (under clsact), as `tc filter show dev IF egress` lists them.
+    pub(super) async fn egress_filters(
+        &self,
+        ifname: &str,
+        ifindex: u32,
+        kind: &str,
+    ) -> Result<Vec<(u16, u32)>, QdiscError> {
+        /// `TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_EGRESS)`: clsact's egress hook.
+        const CLSACT_EGRESS: u32 = 0xFFFF_FFF3;
+        let mut request = TcMessage::with_index(tc_index(ifname, ifindex)?);
+        request.header.parent = CLSACT_EGRESS.into();
+        let mut request = NetlinkMessage::from(RouteNetlinkMessage::GetTrafficFilter(request));
+        request.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        let dump_error = |source| QdiscError::Filters { ifname: ifname.to_owned(), source: KernelError::new(source) };
+        let mut responses = self.handle.clone().request(request).map_err(dump_error)?;
+        let mut filters = Vec::new();
+        while let Some(response) = responses.next().await {
+            match response.payload {
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewTrafficFilter(msg)) => {
+                    let is_kind = msg.attributes.iter().any(|a| matches!(a, TcAttribute::Kind(k) if k == kind));
+                    // tcm_info holds the priority in its upper half; handle 0 is the
+                    // priority's own entry, not a filter.
+                    let handle: u32 = msg.header.handle.into();
+                    if is_kind && handle != 0 {
+                        filters.push((u16::try_from(msg.header.info >> 16).unwrap_or(u16::MAX), handle));
+                    }
+                }
+                NetlinkPayload::Error(e) => return Err(dump_error(rtnetlink::Error::NetlinkError(e))),
+                _ => {}
+            }
+        }
+        Ok(filters)
+    }
+
     /// Makes `fq` with `limits` the root qdisc of `ifindex`: `tc qdisc replace root handle
     /// 5a1f: fq limit .. flow_limit ..`. If that `fq` is already there, the kernel changes its
     /// limits in place (`tc_modify_qdisc()`: same handle and kind), keeping its queue.
