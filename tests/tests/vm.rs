@@ -882,7 +882,7 @@ fn http_get(addr: &str, path: &str) -> String {
     body.to_owned()
 }
 
-/// One static 2 mbit/s class, for the restart test.
+/// One static 2 mbit/s class for 10.1.0.2 on wan0, for the restart and link-event tests.
 const KILL_CONFIG: &str = r#"
 [[interface]]
 name = "wan0"

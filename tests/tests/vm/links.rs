@@ -14,28 +14,8 @@ use shaper_tests::{
     sh,
 };
 
-use super::{egress_filters, http_get, topology};
-
-/// One 2 mbit/s class for 10.1.0.2 on wan0.
-const CONFIG: &str = r#"
-[[interface]]
-name = "wan0"
-rate = "20mbit"
-default = "rest"
-
-[[class]]
-name = "rest"
-rate = "1mbit"
-
-[[class]]
-name = "c2"
-rate = "2mbit"
-ceil = "2mbit"
-
-[[rule]]
-class = "c2"
-src = "10.1.0.2"
-"#;
+// One 2 mbit/s class for 10.1.0.2 on wan0.
+use super::{egress_filters, http_get, topology, KILL_CONFIG as CONFIG};
 
 /// Length of each flow, and the steady part measured (after TCP's start, before the end).
 const FLOW: u32 = 11;

@@ -788,7 +788,27 @@ fn classes_that_wake_together_keep_to_the_link() {
              busiest steady or HTB window {reference:.0} B, 2 % and three frames)"
         )
     });
-    check_shares(&mut failures, "shaper", &flows, &expected, &ours);
+    // The shares, within the usual 4 % and the wake: until the allocator has seen the classes
+    // wake (its first ticks after the wake; three 10 ms ticks are allowed), the three share the
+    // link as their packets arrive, a third each, rather than by their weights. Over an on
+    // phase that moves a class's mean by (a third of the link - its share) * 30 ms / period:
+    // +0.021 mbit/s for alex, -0.026 for carl. (Measured: alex +0.009 to +0.037 in five runs,
+    // +0.054 in one, on top of the 0.05 minimum.)
+    let transient = 0.030;
+    for (i, f) in flows.iter().enumerate() {
+        let Some(e) = expected[i] else { continue };
+        let third = LINK / flows.len() as f64 / period;
+        let tolerance = (e * 0.04).max(0.05 * MBIT) + (third - e).abs() * transient;
+        check(&mut failures, (ours.rates[i] - e).abs() <= tolerance, || {
+            format!(
+                "shaper: {} got {:.3} mbit/s, expected {:.3} ± {:.3} (the wake's transient included)",
+                f.class,
+                ours.rates[i] / MBIT,
+                e / MBIT,
+                tolerance / MBIT
+            )
+        });
+    }
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
