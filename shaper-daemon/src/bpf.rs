@@ -685,14 +685,7 @@ impl Datapath {
                         self.globals.set(0, old, 0).map_err(map_err(maps::GLOBALS, "switching back to the old rules"))
                     }
                     Undo::Iface(ifindex, Some(old)) => self.set_iface(ifindex, old),
-                    Undo::Iface(ifindex, None) => match self.ifaces.remove(&ifindex) {
-                        Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-                        Err(source) => Err(BpfError::Map {
-                            name: maps::IFACES,
-                            action: format!("removing ifindex {ifindex}"),
-                            source,
-                        }),
-                    },
+                    Undo::Iface(ifindex, None) => self.remove_iface(ifindex),
                 };
                 if let Err(e) = restored {
                     tracing::error!(error = %e, "putting back a datapath entry after a failed change");

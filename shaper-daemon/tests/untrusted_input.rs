@@ -111,16 +111,13 @@ const VALUES: &[&str] = &[
     "1979-05-27T07:32:00Z",
 ];
 
-/// Keys of every table, and a few that are no key at all.
-const KEYS: &[&str] = &[
+/// The keys of each table the configuration has.
+const INTERFACE_KEYS: &[&str] = &["name", "rate", "default", "overhead", "replace_qdisc", "direction"];
+const CLASS_KEYS: &[&str] = &[
     "name",
-    "rate",
-    "default",
-    "overhead",
-    "replace_qdisc",
-    "direction",
     "interface",
     "parent",
+    "rate",
     "ceil",
     "prio",
     "weight",
@@ -129,20 +126,22 @@ const KEYS: &[&str] = &[
     "aqm_target",
     "aqm_interval",
     "isolation",
-    "class",
-    "src",
-    "dst",
-    "proto",
-    "sport",
-    "dport",
-    "mark",
-    "dscp",
-    "socket",
-    "tick",
-    "colour",
-    "\"quoted key\"",
-    "a.b",
 ];
+const RULE_KEYS: &[&str] = &["class", "src", "dst", "proto", "sport", "dport", "mark", "dscp"];
+const DAEMON_KEYS: &[&str] = &["socket", "tick"];
+/// A few that are no key at all.
+const NOT_KEYS: &[&str] = &["colour", "\"quoted key\"", "a.b"];
+
+/// Keys of every table, each once, and the ones that are no key at all.
+fn keys() -> Vec<&'static str> {
+    let mut keys: Vec<&str> = Vec::new();
+    for key in [INTERFACE_KEYS, CLASS_KEYS, RULE_KEYS, DAEMON_KEYS, NOT_KEYS].concat() {
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    keys
+}
 
 fn value() -> impl Strategy<Value = String> {
     prop_oneof![
@@ -153,7 +152,7 @@ fn value() -> impl Strategy<Value = String> {
 }
 
 fn key_line() -> impl Strategy<Value = String> {
-    (select(KEYS), value()).prop_map(|(k, v)| format!("{k} = {v}"))
+    (select(keys()), value()).prop_map(|(k, v)| format!("{k} = {v}"))
 }
 
 /// Values that suit `key`, sound and not.
@@ -194,24 +193,11 @@ fn values_of(key: &str) -> Vec<&'static str> {
 /// The keys of a table with header `header`.
 fn keys_of(header: &str) -> Vec<&'static str> {
     match header {
-        "[[interface]]" => vec!["name", "rate", "default", "overhead", "replace_qdisc", "direction"],
-        "[[class]]" => vec![
-            "name",
-            "interface",
-            "parent",
-            "rate",
-            "ceil",
-            "prio",
-            "weight",
-            "horizon",
-            "aqm",
-            "aqm_target",
-            "aqm_interval",
-            "isolation",
-        ],
-        "[[rule]]" => vec!["class", "src", "dst", "proto", "sport", "dport", "mark", "dscp"],
-        "[daemon]" => vec!["socket", "tick"],
-        _ => KEYS.to_vec(),
+        "[[interface]]" => INTERFACE_KEYS.to_vec(),
+        "[[class]]" => CLASS_KEYS.to_vec(),
+        "[[rule]]" => RULE_KEYS.to_vec(),
+        "[daemon]" => DAEMON_KEYS.to_vec(),
+        _ => keys(),
     }
 }
 

@@ -46,7 +46,7 @@ use super::{
 use crate::{
     bpf::{AttachMode, Datapath, FILTER_HANDLE, FILTER_PRIORITY},
     netdev,
-    qdisc::{self, RootQdisc},
+    qdisc::{self, FqGuard, QdiscError, RootQdisc},
     ErrorChain,
 };
 
@@ -345,12 +345,7 @@ impl Links {
     /// The interface `index` has the slot's name: shapes it as the start does.
     async fn resume(&mut self, slot: usize, index: u32, at: Instant) {
         let name = self.slots[slot].name.clone();
-        let (replace, limits) = {
-            let state = self.shared.state.lock().await;
-            let iface = state.config.interfaces.iter().find(|i| i.name == name).expect("a configured interface");
-            (iface.replace_qdisc, fq_limits(&state.config, &name))
-        };
-        let guard = match qdisc::ensure_fq(&name, replace, limits).await {
+        let guard = match self.ensure_fq(&name).await {
             Ok(guard) => guard,
             Err(e) => {
                 error!(interface = %name, ifindex = index, error = %ErrorChain(&e), "shaping not resumed; tried again on the interface's next link event");
@@ -427,12 +422,7 @@ impl Links {
             return;
         }
         if !fq {
-            let (replace, limits) = {
-                let state = self.shared.state.lock().await;
-                let iface = state.config.interfaces.iter().find(|i| i.name == name).expect("a configured interface");
-                (iface.replace_qdisc, fq_limits(&state.config, &name))
-            };
-            match qdisc::ensure_fq(&name, replace, limits).await {
+            match self.ensure_fq(&name).await {
                 Ok(guard) => {
                     let mut installed = self.installed.lock().await;
                     // The fq the old guard would remove is gone already.
@@ -457,22 +447,32 @@ impl Links {
         info!(interface = %name, ifindex = index, fq = !fq, filter = !filter, took_ms = millis(at), "re-attached (put back what was missing)");
     }
 
+    /// `fq` on `name` as the start installs it: the interface's `replace_qdisc`, and the
+    /// limits the configuration's classes need.
+    async fn ensure_fq(&self, name: &str) -> Result<FqGuard, QdiscError> {
+        let (replace, limits) = {
+            let state = self.shared.state.lock().await;
+            let iface = state.config.interfaces.iter().find(|i| i.name == name).expect("a configured interface");
+            (iface.replace_qdisc, fq_limits(&state.config, name))
+        };
+        qdisc::ensure_fq(name, replace, limits).await
+    }
+
+    /// Interface `index` as the kernel describes it now; `None` if there is no such interface
+    /// (or it cannot be asked).
+    async fn link(&self, index: u32) -> Option<LinkMessage> {
+        let mut links = self.handle.link().get().match_index(index).execute();
+        links.next().await.and_then(Result::ok)
+    }
+
     /// The name interface `index` has now; `None` if there is no such interface.
     async fn name_of(&self, index: u32) -> Option<String> {
-        let mut links = self.handle.link().get().match_index(index).execute();
-        match links.next().await {
-            Some(Ok(link)) => name_of(&link).filter(|n| !n.is_empty()),
-            _ => None,
-        }
+        self.link(index).await.and_then(|link| name_of(&link)).filter(|n| !n.is_empty())
     }
 
     /// The state of interface `index`, asked of the kernel; `None` if it cannot be told.
     async fn look_up(&self, index: Option<u32>) -> Option<Seen> {
-        let mut links = self.handle.link().get().match_index(index?).execute();
-        match links.next().await {
-            Some(Ok(link)) => Some(seen_of(&link)),
-            _ => None,
-        }
+        Some(seen_of(&self.link(index?).await?))
     }
 }
 

@@ -389,11 +389,11 @@ pub async fn inspect_root(ifname: &str) -> Result<RootQdisc, QdiscError> {
 pub async fn ensure_fq(ifname: &str, replace_other: bool, limits: FqLimits) -> Result<FqGuard, QdiscError> {
     let rtnl = Rtnl::open(ifname)?;
     let ifindex = rtnl.ifindex(ifname).await?;
-    let root = rtnl.root(ifname, ifindex).await?;
+    let (root, fq_limits) = rtnl.root_with_fq_limits(ifname, ifindex).await?;
     let action = match decide(&root, replace_other) {
         Decision::Keep => {
             info!(interface = %ifname, %root, "root qdisc already enforces departure times; keeping it");
-            check_kept_fq(&rtnl, ifname, ifindex, limits).await?;
+            check_kept_fq(ifname, fq_limits, limits);
             return Ok(FqGuard { ifname: ifname.to_owned(), ifindex, action: Restore::Nothing, fq_handle: 0 });
         }
         Decision::Adopt => {
@@ -435,8 +435,8 @@ pub async fn ensure_fq(ifname: &str, replace_other: bool, limits: FqLimits) -> R
 /// packets than `need`: it would drop packets the tc program gave departure slots, and the
 /// classes would run below their rates. Its limits are the admin's to change; the warning
 /// says how.
-async fn check_kept_fq(rtnl: &Rtnl, ifname: &str, ifindex: u32, need: FqLimits) -> Result<(), QdiscError> {
-    match rtnl.root_fq_limits(ifname, ifindex).await? {
+fn check_kept_fq(ifname: &str, have: Option<FqLimits>, need: FqLimits) {
+    match have {
         Some(have) if !have.cover(&need) => warn!(
             interface = %ifname,
             fq = %have,
@@ -447,7 +447,6 @@ async fn check_kept_fq(rtnl: &Rtnl, ifname: &str, ifindex: u32, need: FqLimits) 
         ),
         _ => {}
     }
-    Ok(())
 }
 
 /// Sizes the root `fq` of `ifname` for `limits` (a reload that changed the horizons or the
@@ -456,13 +455,16 @@ async fn check_kept_fq(rtnl: &Rtnl, ifname: &str, ifindex: u32, need: FqLimits) 
 pub async fn resize_fq(ifname: &str, limits: FqLimits) -> Result<bool, QdiscError> {
     let rtnl = Rtnl::open(ifname)?;
     let ifindex = rtnl.ifindex(ifname).await?;
-    match rtnl.root(ifname, ifindex).await? {
-        RootQdisc::Fq { handle } if handle == SHAPER_FQ_HANDLE => {
+    match rtnl.root_with_fq_limits(ifname, ifindex).await? {
+        (RootQdisc::Fq { handle }, _) if handle == SHAPER_FQ_HANDLE => {
             rtnl.install_fq(ifname, ifindex, limits).await?;
             info!(interface = %ifname, %limits, "fq limits set");
             Ok(true)
         }
-        RootQdisc::Fq { .. } => check_kept_fq(&rtnl, ifname, ifindex, limits).await.map(|()| false),
+        (RootQdisc::Fq { .. }, have) => {
+            check_kept_fq(ifname, have, limits);
+            Ok(false)
+        }
         _ => Ok(false),
     }
 }

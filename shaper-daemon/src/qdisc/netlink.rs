@@ -176,39 +176,33 @@ impl Rtnl {
 
     /// The root qdisc of interface `ifindex`.
     pub(super) async fn root(&self, ifname: &str, ifindex: u32) -> Result<RootQdisc, QdiscError> {
-        Ok(classify(&self.qdiscs(ifname, ifindex).await?))
+        Ok(self.root_with_fq_limits(ifname, ifindex).await?.0)
     }
 
-    /// The packet limits of the root `fq` of interface `ifindex`, if its root is `fq`.
-    pub(super) async fn root_fq_limits(&self, ifname: &str, ifindex: u32) -> Result<Option<FqLimits>, QdiscError> {
-        let entries = self.qdiscs(ifname, ifindex).await?;
-        Ok(entries.into_iter().find(|e| e.parent == TC_H_ROOT && e.kind == FQ).and_then(|e| e.fq_limits))
-    }
-
-    /// All qdiscs of interface `ifindex`.
-    async fn qdiscs(&self, ifname: &str, ifindex: u32) -> Result<Vec<QdiscEntry>, QdiscError> {
+    /// The root qdisc of interface `ifindex`, and its packet limits if it is `fq`, from one dump.
+    pub(super) async fn root_with_fq_limits(
+        &self,
+        ifname: &str,
+        ifindex: u32,
+    ) -> Result<(RootQdisc, Option<FqLimits>), QdiscError> {
         // The kernel ignores the index of a qdisc dump and sends every interface's qdiscs;
         // TCA_DUMP_INVISIBLE makes it include the children it would hide from `tc qdisc show`.
         let mut request = TcMessage::default();
         request.attributes.push(TcAttribute::DumpInvisible(true));
-        let mut request = NetlinkMessage::from(RouteNetlinkMessage::GetQueueDiscipline(request));
-        request.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-        let dump_error = |source| QdiscError::Dump { ifname: ifname.to_owned(), source: KernelError::new(source) };
-        let mut responses = self.handle.clone().request(request).map_err(dump_error)?;
-        let mut entries = Vec::new();
-        while let Some(response) = responses.next().await {
-            match response.payload {
-                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewQueueDiscipline(msg)) => {
-                    entries.extend(QdiscEntry::from_message(&msg, ifindex));
-                }
-                NetlinkPayload::Error(e) => {
-                    return Err(dump_error(rtnetlink::Error::NetlinkError(e)));
-                }
-                _ => {}
-            }
-        }
+        let messages = self
+            .dumped(RouteNetlinkMessage::GetQueueDiscipline(request))
+            .await
+            .map_err(|source| QdiscError::Dump { ifname: ifname.to_owned(), source })?;
+        let entries: Vec<QdiscEntry> = messages
+            .iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewQueueDiscipline(msg) => QdiscEntry::from_message(msg, ifindex),
+                _ => None,
+            })
+            .collect();
         debug!(interface = %ifname, ?entries, "qdiscs");
-        Ok(entries)
+        let limits = entries.iter().find(|e| e.parent == TC_H_ROOT && e.kind == FQ).and_then(|e| e.fq_limits);
+        Ok((classify(&entries), limits))
     }
 
     /// The `(priority, handle)` of each filter of kind `kind` at egress of interface
@@ -223,27 +217,39 @@ impl Rtnl {
         const CLSACT_EGRESS: u32 = 0xFFFF_FFF3;
         let mut request = TcMessage::with_index(tc_index(ifname, ifindex)?);
         request.header.parent = CLSACT_EGRESS.into();
-        let mut request = NetlinkMessage::from(RouteNetlinkMessage::GetTrafficFilter(request));
-        request.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-        let dump_error = |source| QdiscError::Filters { ifname: ifname.to_owned(), source: KernelError::new(source) };
-        let mut responses = self.handle.clone().request(request).map_err(dump_error)?;
-        let mut filters = Vec::new();
-        while let Some(response) = responses.next().await {
-            match response.payload {
-                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewTrafficFilter(msg)) => {
+        let messages = self
+            .dumped(RouteNetlinkMessage::GetTrafficFilter(request))
+            .await
+            .map_err(|source| QdiscError::Filters { ifname: ifname.to_owned(), source })?;
+        Ok(messages
+            .iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewTrafficFilter(msg) => {
                     let is_kind = msg.attributes.iter().any(|a| matches!(a, TcAttribute::Kind(k) if k == kind));
                     // tcm_info holds the priority in its upper half; handle 0 is the
                     // priority's own entry, not a filter.
                     let handle: u32 = msg.header.handle.into();
-                    if is_kind && handle != 0 {
-                        filters.push((u16::try_from(msg.header.info >> 16).unwrap_or(u16::MAX), handle));
-                    }
+                    (is_kind && handle != 0).then(|| (u16::try_from(msg.header.info >> 16).unwrap_or(u16::MAX), handle))
                 }
-                NetlinkPayload::Error(e) => return Err(dump_error(rtnetlink::Error::NetlinkError(e))),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Sends a dump request and returns the kernel's messages, or its refusal.
+    async fn dumped(&self, message: RouteNetlinkMessage) -> Result<Vec<RouteNetlinkMessage>, KernelError> {
+        let mut request = NetlinkMessage::from(message);
+        request.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        let mut responses = self.handle.clone().request(request).map_err(KernelError::new)?;
+        let mut messages = Vec::new();
+        while let Some(response) = responses.next().await {
+            match response.payload {
+                NetlinkPayload::InnerMessage(message) => messages.push(message),
+                NetlinkPayload::Error(e) => return Err(KernelError::new(rtnetlink::Error::NetlinkError(e))),
                 _ => {}
             }
         }
-        Ok(filters)
+        Ok(messages)
     }
 
     /// Makes `fq` with `limits` the root qdisc of `ifindex`: `tc qdisc replace root handle
