@@ -11,7 +11,7 @@ use libfuzzer_sys::{
     arbitrary::{Result, Unstructured},
     fuzz_target,
 };
-use shaper::rules::{compile, first_match, PacketFields, RuleSpec};
+use shaper::rules::{compile, first_match, PacketFields, RuleSpec, TcpFlags};
 use shaper_tests::reference;
 
 fn network(u: &mut Unstructured<'_>, v6: bool) -> Result<IpNet> {
@@ -30,12 +30,32 @@ fn range(u: &mut Unstructured<'_>) -> Result<(u16, u16)> {
     Ok((a.min(b), a.max(b)))
 }
 
+fn tcp_flags(u: &mut Unstructured<'_>, no_payload: bool) -> Result<TcpFlags> {
+    let (value, mask): (u8, u8) = (u.arbitrary()?, u.arbitrary()?);
+    Ok(TcpFlags { value: value & mask, mask, no_payload })
+}
+
+fn mac(u: &mut Unstructured<'_>) -> Result<[u8; 6]> {
+    let mut mac: [u8; 6] = u.arbitrary()?;
+    // The all-zero address is refused (it is what packets without a link layer have).
+    if mac == [0; 6] {
+        mac[5] = 1;
+    }
+    Ok(mac)
+}
+
 fn rule(u: &mut Unstructured<'_>, index: u32) -> Result<RuleSpec> {
-    // One byte says which fields the rule tests, so that most rules test few.
+    // Two bytes say which fields the rule tests, so that most rules test few.
     let fields: u8 = u.arbitrary()?;
+    let more: u8 = u.arbitrary()?;
     let v6 = u.arbitrary()?;
     let on = |bit: u8| fields & (1 << bit) != 0;
+    let also = |bit: u8| more & (1 << bit) != 0;
     Ok(RuleSpec {
+        len: if also(0) { Some(range(u)?) } else { None },
+        tcp_flags: if also(1) { Some(tcp_flags(u, also(2))?) } else { None },
+        icmp_type: if also(3) { Some(u.arbitrary()?) } else { None },
+        src_mac: if also(4) { Some(mac(u)?) } else { None },
         src: if on(0) { Some(network(u, v6)?) } else { None },
         dst: if on(1) { Some(network(u, v6)?) } else { None },
         proto: if on(2) { Some(u.arbitrary()?) } else { None },
@@ -70,7 +90,12 @@ fuzz_target!(|data: &[u8]| {
     // The packet again from each rule's networks, so that prefixes match, not only by chance.
     for r in &rules {
         let at = |net: Option<IpNet>, addr| net.map_or(addr, |n| Some(n.addr()));
-        let moved = PacketFields { src: at(r.src, fields.src), dst: at(r.dst, fields.dst), ..fields };
+        let moved = PacketFields {
+            src: at(r.src, fields.src),
+            dst: at(r.dst, fields.dst),
+            src_mac: r.src_mac.or(fields.src_mac),
+            ..fields
+        };
         if moved.src.map(|a| a.is_ipv4()) == moved.dst.map(|a| a.is_ipv4()) {
             agree(&rules, &compiled, &moved);
         }

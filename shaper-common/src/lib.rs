@@ -14,15 +14,16 @@ pub const MAX_INTERFACES: u32 = 64;
 /// Most distinct rule shapes ("tuples"). A packet costs one hash lookup per tuple that can
 /// still beat the best match found so far, whatever the number of rules.
 pub const MAX_TUPLES: u32 = 32;
-/// Rule sets are double-buffered: `TUPLES`, `SPORT_IDS` and `DPORT_IDS` hold two banks
-/// (bank `b` starts at `b * MAX_TUPLES` and `b * PORT_SLOTS`), and a tuple's id in `RULES`
+/// Rule sets are double-buffered: `TUPLES`, `SPORT_IDS`, `DPORT_IDS` and `LEN_IDS` hold two
+/// banks (bank `b` starts at `b * MAX_TUPLES` and `b * PORT_SLOTS`), and a tuple's id in `RULES`
 /// keys is its `TUPLES` index, so the two banks' entries never collide. The daemon writes a
 /// new rule set into the inactive bank and switches `Globals` in one write: a packet sees the
 /// old rules or the new ones, never a mix.
 pub const RULE_BANKS: u32 = 2;
 /// Most compiled rule entries per bank (one rule with a port range may need several).
 pub const MAX_RULE_ENTRIES: u32 = 65536;
-/// Port interval ids (one array slot per port number).
+/// Port interval ids (one array slot per port number); also the IP length interval ids of
+/// `LEN_IDS` (one slot per length, 0..=65535).
 pub const PORT_SLOTS: u32 = 65536;
 
 /// Hosts (or flows) remembered for isolation inside classes (`HOSTS`, an LRU hash).
@@ -75,7 +76,7 @@ pub fn delay_bucket(delay_ns: u64) -> usize {
 /// The version of the maps' layout (their key and value types and sizes). Pinned maps live in
 /// a directory named after it, so a shaperd whose maps differ never opens the pins of another:
 /// bump it whenever a map definition or a struct in this file changes.
-pub const MAP_LAYOUT_VERSION: u32 = 5;
+pub const MAP_LAYOUT_VERSION: u32 = 6;
 
 /// Map names, as they appear in the object file.
 pub mod maps {
@@ -84,6 +85,7 @@ pub mod maps {
     pub const RULES: &str = "RULES";
     pub const SPORT_IDS: &str = "SPORT_IDS";
     pub const DPORT_IDS: &str = "DPORT_IDS";
+    pub const LEN_IDS: &str = "LEN_IDS";
     pub const CLASS_CONFIG: &str = "CLASS_CONFIG";
     pub const CLASS_STATE: &str = "CLASS_STATE";
     pub const CLASS_STATS: &str = "CLASS_STATS";
@@ -91,13 +93,17 @@ pub mod maps {
     pub const FLOWS: &str = "FLOWS";
     pub const HOSTS: &str = "HOSTS";
     pub const LINKS: &str = "LINKS";
+    pub const LAN_IFACES: &str = "LAN_IFACES";
+    pub const ORIGINS: &str = "ORIGINS";
+    pub const IFB_TARGETS: &str = "IFB_TARGETS";
     /// Every map, for pinning.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 16] = [
         IFACES,
         TUPLES,
         RULES,
         SPORT_IDS,
         DPORT_IDS,
+        LEN_IDS,
         CLASS_CONFIG,
         CLASS_STATE,
         CLASS_STATS,
@@ -105,11 +111,16 @@ pub mod maps {
         FLOWS,
         HOSTS,
         LINKS,
+        LAN_IFACES,
+        ORIGINS,
+        IFB_TARGETS,
     ];
 }
 
 /// Name of the tc program in the object file.
 pub const PROGRAM_NAME: &str = "shaper_egress";
+/// Name of the program attached at ingress of LAN-side interfaces (see [`Origin`]).
+pub const INGRESS_PROGRAM_NAME: &str = "shaper_ingress";
 /// Name of the program that only returns `TC_ACT_OK`, the benchmarks' baseline.
 pub const PASS_PROGRAM_NAME: &str = "shaper_pass";
 
@@ -121,6 +132,10 @@ pub const IFACE_L3: u32 = 2;
 /// `IfaceConfig::flags`: the interface carries downloads (towards the hosts): a class's hosts
 /// are its packets' destination addresses. Without it (uploads), their source addresses.
 pub const IFACE_DOWNLOAD: u32 = 4;
+/// `IfaceConfig::flags`: hosts behind this interface's NAT send from LAN-side interfaces,
+/// where their packets' origins are recorded (see [`Origin`]): a packet is classified by
+/// the address and port it had there.
+pub const IFACE_NAT: u32 = 8;
 
 /// `ClassConfig::isolation`: no isolation inside the class.
 pub const ISOLATE_NONE: u32 = 0;
@@ -137,13 +152,104 @@ pub struct IfaceConfig {
     pub slot: u32,
     /// Class of packets that match no rule (and of packets that cannot be parsed).
     pub default_class: u32,
-    /// Bytes added to every packet on the wire (PPPoE, ATM cell framing, preamble...).
-    /// May be negative, as with tc's `overhead`, to subtract headers the link does not carry.
+    /// Bytes added to every frame (each GSO segment) on the wire: PPPoE, ATM's AAL5 trailer
+    /// and LLC header, Ethernet's preamble... on top of the length the device sees, as tc's
+    /// `stab overhead`. May be negative, to subtract headers the link does not carry. See
+    /// [`frame_wire_len`] for the order in which it, [`mpu`](Self::mpu) and the
+    /// [`linklayer`](Self::linklayer) apply.
     pub overhead: i32,
     pub flags: u32,
     /// The rate of the interface's link clock (`LINKS`, indexed by `slot`), bytes/s: the
     /// link's rate plus [`LINK_SLACK_PERCENT`]; 0: no link clock.
     pub link_bytes: u64,
+    /// Minimum packet unit: a frame counts at least this many bytes once the overhead is
+    /// added, before cell rounding (tc-stab's and CAKE's `mpu`). 0: no minimum.
+    pub mpu: u32,
+    /// How the line carries frames: [`LINKLAYER_ETHERNET`] (as they are),
+    /// [`LINKLAYER_ATM`] or [`LINKLAYER_PTM`].
+    pub linklayer: u32,
+}
+
+/// `IfaceConfig::linklayer`: frames go on the line as they are (Ethernet, fibre, cable, or
+/// any link whose framing a flat `overhead` describes).
+pub const LINKLAYER_ETHERNET: u32 = 0;
+/// `IfaceConfig::linklayer`: ADSL's ATM: each frame is cut into 48-byte cell payloads, the
+/// last one padded, and each cell takes 53 bytes on the line.
+pub const LINKLAYER_ATM: u32 = 1;
+/// `IfaceConfig::linklayer`: VDSL2's PTM (64b/65b encoding): one byte more for every 64
+/// bytes or part of them.
+pub const LINKLAYER_PTM: u32 = 2;
+/// Payload bytes of an ATM cell.
+pub const ATM_CELL_PAYLOAD: u64 = 48;
+/// Bytes an ATM cell takes on the line (5 bytes of header).
+pub const ATM_CELL: u64 = 53;
+
+/// The bytes one frame takes on the line, of `len` bytes as the device sees it (`skb->len`
+/// of one segment: from the Ethernet header on an Ethernet device, from the IP header on a
+/// PPP or tun device).
+///
+/// The order is tc-stab's and CAKE's (`cake_calc_overhead` in `net/sched/sch_cake.c`;
+/// `__qdisc_calculate_pkt_len` and iproute2's `tc_adjust_size` for stab): the overhead is
+/// added first, then the frame is raised to the `mpu`, then cut into cells. The overhead
+/// belongs in the cells (the AAL5 trailer, LLC and PPPoE headers are carried in them), and
+/// the mpu is a minimum of the frame the link pads (Ethernet's 60 or 64 bytes inside bridged
+/// encapsulations, RFC 2684), so it applies before the cells too. A frame counts at least
+/// one byte (and so one cell), as stab's `pkt_len < 1` floor.
+///
+/// PTM is counted as CAKE counts it: `len + ceil(len / 64)`. The 64b/65b codewords carry
+/// frames back to back, so the real cost is `len * 65 / 64` plus the frame's start and end
+/// markers; CAKE's form errs by at most a byte above that, and never below. (Rounding each
+/// frame up to whole 65-byte codewords would charge a 1500-byte packet 1560 bytes rather
+/// than about 1524.)
+#[expect(clippy::inline_always, reason = "called per packet in the tc program, which has no calls to spare")]
+#[inline(always)]
+#[must_use]
+pub const fn frame_wire_len(len: u64, overhead: i32, mpu: u32, linklayer: u32) -> u64 {
+    // `len` is at most 64 KiB (a device's frame, or a GSO segment), so neither the sum nor
+    // the conversions below can overflow.
+    #[expect(clippy::cast_possible_wrap, reason = "len is a frame length, far below i64::MAX")]
+    let framed = len as i64 + overhead as i64;
+    #[expect(clippy::cast_sign_loss, reason = "at least 1 by the comparison")]
+    let framed = if framed < 1 { 1 } else { framed as u64 };
+    let framed = if framed < mpu as u64 { mpu as u64 } else { framed };
+    match linklayer {
+        LINKLAYER_ATM => framed.div_ceil(ATM_CELL_PAYLOAD) * ATM_CELL,
+        LINKLAYER_PTM => framed + framed.div_ceil(64),
+        _ => framed,
+    }
+}
+
+/// The bytes an skb puts on the line: each of its `gso_segs` segments is a frame of its own
+/// (with its own copy of the `hdr_len` bytes of headers, as qdiscs count it in
+/// `qdisc_pkt_len_init`), framed by [`frame_wire_len`].
+///
+/// A GSO skb of `len` bytes leaves as `gso_segs - 1` segments of `gso_size + hdr_len` bytes
+/// and a last one of the rest (`len - (gso_segs - 1) * gso_size`), as `cake_overhead`
+/// splits it; so the count is exact for every segment. Without a usable `gso_size` (0, or
+/// too large for `len`: a packet the stack would not build), the payload is split evenly
+/// and the last segment takes the remainder; the bytes before framing still add up to
+/// `len + (gso_segs - 1) * hdr_len`.
+#[expect(clippy::inline_always, reason = "called per packet in the tc program, which has no calls to spare")]
+#[inline(always)]
+#[must_use]
+pub const fn wire_len(len: u32, gso_segs: u32, gso_size: u32, hdr_len: u32, iface: &IfaceConfig) -> u64 {
+    let (overhead, mpu, linklayer) = (iface.overhead, iface.mpu, iface.linklayer);
+    let len = len as u64;
+    if gso_segs <= 1 {
+        return frame_wire_len(len, overhead, mpu, linklayer);
+    }
+    let more = gso_segs as u64 - 1;
+    let hdr = if (hdr_len as u64) < len { hdr_len as u64 } else { 0 };
+    let size = if gso_size != 0 && (gso_size as u64) * more < len {
+        gso_size as u64
+    } else {
+        match (len - hdr).checked_div(more + 1) {
+            Some(n) => n,
+            None => 0,
+        }
+    };
+    frame_wire_len(size + hdr, overhead, mpu, linklayer) * more
+        + frame_wire_len(len - size * more, overhead, mpu, linklayer)
 }
 
 /// The link clock runs this much faster than the link. Every paced packet takes its time on
@@ -209,7 +315,9 @@ pub struct RuleKey {
     pub proto: u8,
     /// DSCP, the upper six bits of the TOS / traffic class byte.
     pub dscp: u8,
-    pub _pad: u8,
+    /// The TCP header's flags byte (CWR ECE URG ACK PSH RST SYN FIN, high bit first); valid
+    /// only with [`L4_TCP`] in `l4`, else 0.
+    pub tcp_flags: u8,
     /// `skb->mark` (fwmark).
     pub mark: u32,
     /// Source port interval id (0: the packet has no ports).
@@ -220,10 +328,31 @@ pub struct RuleKey {
     pub src: [u8; 16],
     /// Destination address; IPv4 addresses use the first four bytes.
     pub dst: [u8; 16],
+    /// The Ethernet source address; zero on an interface without a link-layer header.
+    pub src_mac: [u8; 6],
+    /// Interval id of the packet's IP length (`LEN_IDS`; 0: the packet is not IP). The IP
+    /// length is the IPv4 total length or the IPv6 payload length plus 40; for a GSO packet,
+    /// that of one full segment (its headers plus `gso_size`).
+    pub len: u16,
+    /// The ICMP (IPv4) or `ICMPv6` (IPv6) type; valid only with [`L4_ICMP`] in `l4`, else 0.
+    pub icmp_type: u8,
+    /// What the parser read of the transport header: [`L4_TCP`], [`L4_TCP_NO_PAYLOAD`],
+    /// [`L4_ICMP`].
+    pub l4: u8,
+    pub _pad: [u8; 6],
 }
 
+/// `RuleKey::l4`: a TCP header was read (`tcp_flags` holds its flags).
+pub const L4_TCP: u8 = 1;
+/// `RuleKey::l4`: a TCP segment that carries no payload (its IP length is its headers'
+/// length; never a GSO packet): with the ACK flag alone, a pure ACK.
+pub const L4_TCP_NO_PAYLOAD: u8 = 2;
+/// `RuleKey::l4`: an ICMP header (IPv4, protocol 1) or `ICMPv6` header (IPv6, next header 58)
+/// was read (`icmp_type` holds its type).
+pub const L4_ICMP: u8 = 4;
+
 /// `RuleKey` as 64-bit words, the unit in which tuple masks are applied.
-pub const RULE_KEY_WORDS: usize = 6;
+pub const RULE_KEY_WORDS: usize = 8;
 
 /// One tuple: the mask of the fields that its rules test, and the smallest rule index
 /// (file order) among its rules, so the datapath can stop once no later tuple can win.
@@ -282,7 +411,27 @@ pub struct ClassConfig {
     /// the class, and takes part in dividing it. Further behind, it is a light host (DNS, a
     /// call) that keeps what it sends.
     pub share_near_ns: u64,
+    /// The class's guaranteed rate, bytes/s: the profile its packets are metered against
+    /// for [`DSCP_OVER`].
+    pub guarantee_bytes: u64,
+    /// [`DSCP_SET`] and/or [`DSCP_OVER`], or 0: the class leaves DSCP alone.
+    pub dscp_flags: u8,
+    /// The DSCP its packets get (with [`DSCP_SET`]).
+    pub set_dscp: u8,
+    /// The DSCP its packets beyond the guaranteed rate get (with [`DSCP_OVER`]).
+    pub over_dscp: u8,
+    pub _pad_dscp: [u8; 5],
 }
+
+/// `ClassConfig::dscp_flags`: every packet of the class gets `set_dscp` (0 washes the
+/// marks a host set).
+pub const DSCP_SET: u8 = 1;
+/// `ClassConfig::dscp_flags`: packets beyond the class's guaranteed rate (a meter at
+/// `guarantee_bytes` that tolerates a burst of [`PROFILE_BURST_FRAMES`]) get `over_dscp`,
+/// as a `DiffServ` marker re-marks traffic out of profile to a lower class.
+pub const DSCP_OVER: u8 = 2;
+/// Full frames at the guaranteed rate a class may send at once and stay in profile.
+pub const PROFILE_BURST_FRAMES: u64 = 4;
 
 /// Key of `HOSTS`: a host (or flow) of a class.
 #[repr(C)]
@@ -327,6 +476,9 @@ pub struct ClassState {
     /// only when this is not ahead of now; each one moves it by
     /// [`SPARSE_SHARE`] times its cost at the class's rate.
     pub sparse_next_ns: u64,
+    /// The profile meter's clock (see [`DSCP_OVER`]): when the bytes sent in profile will
+    /// have left at the guaranteed rate.
+    pub profile_next_ns: u64,
 }
 
 /// Per-class, per-CPU counters (`CLASS_STATS`, a per-CPU array indexed by class id).
@@ -394,16 +546,52 @@ impl ClassStats {
     }
 }
 
-const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 24);
+const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 32);
 const _: () = assert!(core::mem::size_of::<Globals>() == 16);
 const _: () = assert!(core::mem::size_of::<RuleKey>() == RULE_KEY_WORDS * 8);
-const _: () = assert!(core::mem::size_of::<Tuple>() == 56);
+const _: () = assert!(core::mem::size_of::<Tuple>() == 8 * RULE_KEY_WORDS + 8);
 const _: () = assert!(core::mem::size_of::<RuleTarget>() == 8);
-const _: () = assert!(core::mem::size_of::<ClassConfig>() == 80);
+const _: () = assert!(core::mem::size_of::<ClassConfig>() == 96);
 const _: () = assert!(core::mem::size_of::<HostKey>() == 24);
 const _: () = assert!(core::mem::size_of::<HostState>() == 16);
-const _: () = assert!(core::mem::size_of::<ClassState>() == 48);
+const _: () = assert!(core::mem::size_of::<ClassState>() == 56);
 const _: () = assert!(core::mem::size_of::<ClassStats>() == 136 + 8 * DELAY_BUCKETS);
+
+/// `LAN_IFACES` value flags: the LAN-side interface has no link-layer header (as
+/// [`IFACE_L3`]).
+pub const LAN_L3: u32 = 1;
+
+/// Packet origins remembered (`ORIGINS`, an LRU hash keyed by the skb's flow hash).
+pub const ORIGIN_SLOTS: u32 = 32768;
+
+/// Value of `ORIGINS`: a flow as it came in on a LAN-side interface, before the gateway's
+/// source NAT. The key is the skb's flow hash, which the kernel computes once (at LAN
+/// ingress, from the original addresses and ports) and keeps while the packet is routed and
+/// translated, so the WAN egress program finds the record by the same hash. Destination,
+/// its port, the protocol and the family are what source NAT leaves alone: the egress
+/// program takes the source from a record only if they match the packet it holds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Origin {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    /// Raw ports as on the wire (0 for packets without ports).
+    pub sport: u16,
+    pub dport: u16,
+    pub family: u8,
+    pub proto: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<Origin>() == 40);
+
+/// Name of the program attached at ingress of an interface whose arriving packets are shaped
+/// (`direction = "ingress"`): it redirects them to the egress of the interface's IFB device,
+/// where the shaper program paces them (see [`maps::IFB_TARGETS`]).
+pub const IFB_PROGRAM_NAME: &str = "shaper_ifb";
+
+/// Most interfaces shaped on ingress (`IFB_TARGETS`: ifindex of the interface → ifindex of
+/// its IFB device). Each is also a shaped interface: one of [`MAX_INTERFACES`].
+pub const MAX_IFB_TARGETS: u32 = MAX_INTERFACES;
 
 #[cfg(feature = "user")]
 mod pod {
@@ -419,6 +607,7 @@ mod pod {
     unsafe impl aya::Pod for super::ClassStats {}
     unsafe impl aya::Pod for super::HostKey {}
     unsafe impl aya::Pod for super::HostState {}
+    unsafe impl aya::Pod for super::Origin {}
 }
 
 #[cfg(test)]
@@ -434,5 +623,136 @@ mod tests {
         assert_eq!(delay_bucket(5_000_000), 6); // 4 ms < 5 ms <= 8 ms
         assert_eq!(delay_bucket(DELAY_BUCKET_BASE_NS << (DELAY_BUCKETS - 2)), DELAY_BUCKETS - 2);
         assert_eq!(delay_bucket(u64::MAX), DELAY_BUCKETS - 1);
+    }
+
+    /// An interface's framing, for [`wire_len`].
+    fn framing(overhead: i32, mpu: u32, linklayer: u32) -> IfaceConfig {
+        IfaceConfig { overhead, mpu, linklayer, ..IfaceConfig::default() }
+    }
+
+    /// tc-stab's own example (`man tc-stab`): a 100-byte packet needs three 48-byte cell
+    /// payloads, 159 bytes on the line.
+    #[test]
+    fn atm_cells_carry_48_bytes_in_53() {
+        assert_eq!(frame_wire_len(100, 0, 0, LINKLAYER_ATM), 3 * 53);
+        assert_eq!(frame_wire_len(96, 0, 0, LINKLAYER_ATM), 2 * 53, "two full cells, no padding");
+        assert_eq!(frame_wire_len(97, 0, 0, LINKLAYER_ATM), 3 * 53, "one byte more takes a cell");
+        assert_eq!(frame_wire_len(1, 0, 0, LINKLAYER_ATM), 53);
+        // Nothing changes on Ethernet but the overhead.
+        assert_eq!(frame_wire_len(100, 0, 0, LINKLAYER_ETHERNET), 100);
+        assert_eq!(frame_wire_len(100, 24, 0, LINKLAYER_ETHERNET), 124);
+    }
+
+    /// A full-size packet on ADSL lines, shaped on the PPP device (`ppp0`: the skb starts at
+    /// the IP header), with the overheads of `man tc-stab` and CAKE's keywords.
+    #[test]
+    fn a_full_size_packet_on_adsl() {
+        // PPPoA, LLC (14: PPP 2, LLC 4, AAL5 trailer 8): 1514 bytes in 32 cells (1536).
+        assert_eq!(frame_wire_len(1500, 14, 0, LINKLAYER_ATM), 32 * 53);
+        // PPPoA, VC-mux (10): 1510 bytes, still 32 cells.
+        assert_eq!(frame_wire_len(1500, 10, 0, LINKLAYER_ATM), 1696);
+        // PPPoE over bridged LLC/SNAP (40: PPPoE 6, PPP 2, Ethernet 14, LLC/SNAP 10, AAL5 8):
+        // 1540 bytes, 33 cells; the same line shaped at its 1500-byte IP rate would overrun by
+        // 13%.
+        assert_eq!(frame_wire_len(1500, 40, 0, LINKLAYER_ATM), 33 * 53);
+    }
+
+    /// A pure TCP ACK (40 bytes of IPv4 and TCP headers) is where cells cost most: 8 bytes
+    /// of overhead (IP over ATM) fit it in one cell, 10 (PPP over ATM) need a second, mostly
+    /// padding.
+    #[test]
+    fn a_pure_ack_takes_one_or_two_cells() {
+        assert_eq!(frame_wire_len(40, 8, 0, LINKLAYER_ATM), 53, "IPoA VC-mux: 48 bytes, one cell");
+        assert_eq!(frame_wire_len(40, 10, 0, LINKLAYER_ATM), 106, "PPPoA VC-mux: 50 bytes, two cells");
+        assert_eq!(frame_wire_len(40, 40, 0, LINKLAYER_ATM), 106, "PPPoE LLC/SNAP: 80 bytes");
+        // The same ACK seen on the Ethernet device under the PPPoE session: 14 + 8 + 40 = 62
+        // bytes, and the overhead less the 22 bytes the device already counts.
+        assert_eq!(frame_wire_len(62, 40 - 22, 0, LINKLAYER_ATM), 106);
+        // A modem that keeps the Ethernet FCS pads the bridged frame to 64 bytes (RFC 2684;
+        // `man tc-stab` asks for an mpu then): overhead 18 + 4, mpu 64 + LLC/SNAP 10 + AAL5 8
+        // = 82. The ACK still takes two cells, and so does a frame of any size.
+        assert_eq!(frame_wire_len(62, 18 + 4, 82, LINKLAYER_ATM), 106);
+        assert_eq!(frame_wire_len(30, 18 + 4, 82, LINKLAYER_ATM), 106, "mpu before the cells");
+    }
+
+    /// The order: overhead, then mpu, then cells. (mpu after the cells would let a frame
+    /// count between cell sizes; mpu before the overhead would count the overhead twice for
+    /// small frames.)
+    #[test]
+    fn overhead_then_mpu_then_cells() {
+        // 40 + 8 = 48 fits one cell, but an mpu of 60 makes it two.
+        assert_eq!(frame_wire_len(40, 8, 60, LINKLAYER_ATM), 106);
+        // An mpu below the framed length does nothing.
+        assert_eq!(frame_wire_len(1500, 8, 60, LINKLAYER_ATM), 1508u64.div_ceil(48) * 53);
+        // Ethernet: the mpu is the count itself (CAKE's `ethernet` keyword: overhead 38,
+        // mpu 84, the 64-byte minimum frame with preamble, SFD and gap).
+        assert_eq!(frame_wire_len(40, 38, 84, LINKLAYER_ETHERNET), 84);
+        assert_eq!(frame_wire_len(1500, 38, 84, LINKLAYER_ETHERNET), 1538);
+        // A negative overhead never makes a frame free: it counts at least one byte.
+        assert_eq!(frame_wire_len(20, -64, 0, LINKLAYER_ETHERNET), 1);
+        assert_eq!(frame_wire_len(20, -64, 0, LINKLAYER_ATM), 53);
+        assert_eq!(frame_wire_len(20, -64, 64, LINKLAYER_ETHERNET), 64);
+    }
+
+    /// VDSL2's PTM, as CAKE counts it: a byte more per 64 bytes or part of them.
+    #[test]
+    fn ptm_adds_a_byte_in_65() {
+        // CAKE's `pppoe-ptm` (overhead 30: PPPoE 8, Ethernet 14 and its FCS 4, PTM 4) on
+        // ppp0: a 1500-byte packet is 1530 bytes, and a byte more for each of its 24 blocks.
+        assert_eq!(frame_wire_len(1500, 30, 0, LINKLAYER_PTM), 1530 + 24);
+        assert_eq!(frame_wire_len(64, 0, 0, LINKLAYER_PTM), 65);
+        assert_eq!(frame_wire_len(65, 0, 0, LINKLAYER_PTM), 67);
+        // A pure ACK under `bridged-ptm` (overhead 22) on an Ethernet device: 54 + 22 = 76.
+        assert_eq!(frame_wire_len(54, 22, 0, LINKLAYER_PTM), 78);
+    }
+
+    #[test]
+    fn unknown_link_layers_count_as_ethernet() {
+        assert_eq!(frame_wire_len(100, 4, 0, 7), 104);
+    }
+
+    /// A GSO skb counts as the frames it leaves as: `gso_segs - 1` segments of
+    /// `gso_size + hdr_len` and the rest in the last one.
+    #[test]
+    fn gso_segments_are_framed_one_by_one() {
+        let hdr = 14 + 20 + 32;
+        let atm = framing(40 - 22, 0, LINKLAYER_ATM);
+        // Three full segments of 1448 bytes: 1514 bytes each, 1532 with the overhead, 32
+        // cells each. The skb holds one copy of the headers.
+        let len = hdr + 3 * 1448;
+        assert_eq!(wire_len(len, 3, 1448, hdr, &atm), 3 * 32 * 53);
+        assert_eq!(wire_len(len, 3, 1448, hdr, &atm), 3 * wire_len(hdr + 1448, 1, 0, hdr, &atm));
+        // A last segment of 100 bytes of payload: 166 + 18 = 184 bytes, 4 cells.
+        let len = hdr + 2 * 1448 + 100;
+        assert_eq!(wire_len(len, 3, 1448, hdr, &atm), 2 * 32 * 53 + 4 * 53);
+        // Cells are counted per segment, not over the skb: segments of 1537 bytes take 33
+        // cells each, 47 bytes of them padding; the same bytes as one frame would take 68
+        // cells, not 70.
+        let len = hdr + 2 * 1453 + 100;
+        assert_eq!(wire_len(len, 3, 1453, hdr, &atm), (33 + 33 + 4) * 53);
+        assert_eq!(frame_wire_len(u64::from(len + 2 * hdr), 3 * 18, 0, LINKLAYER_ATM), 68 * 53);
+        let len = hdr + 2 * 1448 + 100;
+        // On Ethernet with a flat overhead, the count is what it always was: the skb's bytes,
+        // the copied headers and the overhead per segment.
+        let flat = framing(8, 0, LINKLAYER_ETHERNET);
+        assert_eq!(wire_len(len, 3, 1448, hdr, &flat), u64::from(len + 2 * hdr) + 3 * 8);
+        // Not GSO: the skb is one frame.
+        assert_eq!(wire_len(100, 0, 0, hdr, &atm), frame_wire_len(100, 18, 0, LINKLAYER_ATM));
+        assert_eq!(wire_len(100, 1, 0, hdr, &atm), frame_wire_len(100, 18, 0, LINKLAYER_ATM));
+    }
+
+    /// Without a usable `gso_size`, the payload is split evenly: the bytes still add up, and
+    /// equal segments are counted exactly.
+    #[test]
+    fn gso_without_a_segment_size_splits_evenly() {
+        let hdr = 66;
+        let flat = framing(0, 0, LINKLAYER_ETHERNET);
+        let atm = framing(0, 0, LINKLAYER_ATM);
+        for (len, segs, size) in [(hdr + 3 * 1448, 3, 0), (hdr + 1001, 4, 0), (hdr + 100, 2, 1000), (hdr + 10, 40, 0)] {
+            assert_eq!(wire_len(len, segs, size, hdr, &flat), u64::from(len + (segs - 1) * hdr), "{len} {segs} {size}");
+        }
+        assert_eq!(wire_len(hdr + 3 * 1448, 3, 0, hdr, &atm), wire_len(hdr + 3 * 1448, 3, 1448, hdr, &atm));
+        // Headers longer than the skb (a parser that gave up): no underflow.
+        assert_eq!(wire_len(50, 2, 0, 66, &flat), 50);
     }
 }

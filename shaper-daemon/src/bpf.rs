@@ -27,8 +27,9 @@ use nix::{
     sys::statfs::{statfs, FsType, BPF_FS_MAGIC},
 };
 use shaper_common::{
-    maps, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, RuleKey, RuleTarget, Tuple, MAP_LAYOUT_VERSION,
-    MAX_CLASSES, MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS, PROGRAM_NAME,
+    maps, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, Origin, RuleKey, RuleTarget, Tuple,
+    IFB_PROGRAM_NAME, INGRESS_PROGRAM_NAME, MAP_LAYOUT_VERSION, MAX_CLASSES, MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS,
+    PROGRAM_NAME,
 };
 
 use crate::rules::Compiled;
@@ -60,9 +61,10 @@ pub enum BpfError {
         #[source]
         source: TcError,
     },
-    #[error("attaching the tc program to egress of {iface}")]
+    #[error("attaching the tc program to {hook} of {iface}")]
     Attach {
         iface: String,
+        hook: Hook,
         #[source]
         source: ProgramError,
     },
@@ -155,11 +157,70 @@ fn pin_err<E: std::error::Error + Send + Sync + 'static>(
 pub const FILTER_PRIORITY: u16 = 1;
 pub const FILTER_HANDLE: u32 = 0x5A1F;
 
-/// The pin of an interface's TCX link in a layout's pin directory: `link-<interface>`.
-const LINK_PIN_PREFIX: &str = "link-";
+/// Where a program is attached on an interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// The shaper: egress of a shaped interface.
+    Egress,
+    /// Ingress of a LAN-side interface of a NAT gateway, where the packets' origins are
+    /// recorded (see `shaper_common::Origin`).
+    LanIngress,
+    /// Ingress of an interface shaped on ingress (`direction = "ingress"`): its packets are
+    /// redirected to its IFB device, at whose egress [`Hook::Egress`] shapes them.
+    IfbRedirect,
+}
 
-fn link_pin_name(iface: &str) -> String {
-    format!("{LINK_PIN_PREFIX}{iface}")
+impl Hook {
+    fn program(self) -> &'static str {
+        match self {
+            Hook::Egress => PROGRAM_NAME,
+            Hook::LanIngress => INGRESS_PROGRAM_NAME,
+            Hook::IfbRedirect => IFB_PROGRAM_NAME,
+        }
+    }
+
+    fn attach_type(self) -> TcAttachType {
+        match self {
+            Hook::Egress => TcAttachType::Egress,
+            Hook::LanIngress | Hook::IfbRedirect => TcAttachType::Ingress,
+        }
+    }
+
+    /// The prefix of the pins of TCX links at this hook in a layout's pin directory:
+    /// `link-<interface>` at egress, `lan-<interface>` at ingress, `ifb-<interface>` for
+    /// the redirect to an IFB device.
+    fn pin_prefix(self) -> &'static str {
+        match self {
+            Hook::Egress => "link-",
+            Hook::LanIngress => "lan-",
+            Hook::IfbRedirect => "ifb-",
+        }
+    }
+
+    /// The handle of shaper's filter at this hook under clsact (at [`FILTER_PRIORITY`]): the
+    /// redirect's differs from the LAN-side recorder's, so that one never replaces the other
+    /// on an interface that changes role between two shaperds.
+    #[must_use]
+    pub fn filter_handle(self) -> u32 {
+        match self {
+            Hook::Egress | Hook::LanIngress => FILTER_HANDLE,
+            Hook::IfbRedirect => FILTER_HANDLE + 1,
+        }
+    }
+
+    fn pin_name(self, iface: &str) -> String {
+        format!("{}{iface}", self.pin_prefix())
+    }
+}
+
+impl std::fmt::Display for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Hook::Egress => "egress",
+            Hook::LanIngress => "ingress",
+            Hook::IfbRedirect => "ingress (redirect to the IFB)",
+        })
+    }
 }
 
 fn map_err(name: &'static str, action: impl Into<String>) -> impl FnOnce(MapError) -> BpfError {
@@ -180,11 +241,15 @@ pub enum AttachMode {
 pub struct Datapath {
     ebpf: Ebpf,
     ifaces: HashMap<MapData, u32, IfaceConfig>,
+    lan_ifaces: HashMap<MapData, u32, u32>,
+    ifb_targets: HashMap<MapData, u32, u32>,
+    origins: HashMap<MapData, u32, Origin>,
     globals: Array<MapData, Globals>,
     tuples: Array<MapData, Tuple>,
     rules: HashMap<MapData, RuleKey, RuleTarget>,
     sport_ids: Array<MapData, u16>,
     dport_ids: Array<MapData, u16>,
+    len_ids: Array<MapData, u16>,
     class_config: Array<MapData, ClassConfig>,
     class_state: Array<MapData, ClassState>,
     class_stats: PerCpuArray<MapData, ClassStats>,
@@ -211,13 +276,14 @@ enum Undo {
 /// The program attached to one interface.
 struct Attached {
     iface: String,
+    hook: Hook,
     link: SchedClassifierLink,
     /// The bpffs pin that keeps a TCX link alive without this process.
     pin: Option<PathBuf>,
 }
 
-/// The `RULES` keys and the ports with interval ids that one rule bank holds; `None` when not
-/// known (written by an earlier process into pinned maps).
+/// The `RULES` keys and the ports (and IP lengths) with interval ids that one rule bank
+/// holds; `None` when not known (written by an earlier process into pinned maps).
 #[derive(Default)]
 struct BankContents {
     keys: Option<Vec<RuleKey>>,
@@ -227,6 +293,19 @@ struct BankContents {
 impl BankContents {
     fn empty() -> Self {
         Self { keys: Some(Vec::new()), ports: Some(Vec::new()) }
+    }
+}
+
+/// Removes `ifindex` from an interface map; an entry that is not there is no error.
+fn remove_ifindex<V: aya::Pod>(
+    map: &mut HashMap<MapData, u32, V>,
+    name: &'static str,
+    ifindex: u32,
+) -> Result<(), BpfError> {
+    match map.remove(&ifindex) {
+        Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+        Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(Errno::ENOENT as i32) => Ok(()),
+        Err(source) => Err(BpfError::Map { name, action: format!("removing ifindex {ifindex}"), source }),
     }
 }
 
@@ -271,13 +350,29 @@ impl Datapath {
             .try_into()
             .map_err(|e| BpfError::NoProgram(Some(e)))?;
         program.load().map_err(BpfError::Verify)?;
+        let ingress: &mut SchedClassifier = ebpf
+            .program_mut(INGRESS_PROGRAM_NAME)
+            .ok_or(BpfError::NoProgram(None))?
+            .try_into()
+            .map_err(|e| BpfError::NoProgram(Some(e)))?;
+        ingress.load().map_err(BpfError::Verify)?;
+        let redirect: &mut SchedClassifier = ebpf
+            .program_mut(IFB_PROGRAM_NAME)
+            .ok_or(BpfError::NoProgram(None))?
+            .try_into()
+            .map_err(|e| BpfError::NoProgram(Some(e)))?;
+        redirect.load().map_err(BpfError::Verify)?;
         Ok(Self {
             ifaces: take(&mut ebpf, maps::IFACES)?,
+            lan_ifaces: take(&mut ebpf, maps::LAN_IFACES)?,
+            ifb_targets: take(&mut ebpf, maps::IFB_TARGETS)?,
+            origins: take(&mut ebpf, maps::ORIGINS)?,
             globals: take(&mut ebpf, maps::GLOBALS)?,
             tuples: take(&mut ebpf, maps::TUPLES)?,
             rules: take(&mut ebpf, maps::RULES)?,
             sport_ids: take(&mut ebpf, maps::SPORT_IDS)?,
             dport_ids: take(&mut ebpf, maps::DPORT_IDS)?,
+            len_ids: take(&mut ebpf, maps::LEN_IDS)?,
             class_config: take(&mut ebpf, maps::CLASS_CONFIG)?,
             class_state: take(&mut ebpf, maps::CLASS_STATE)?,
             class_stats: take(&mut ebpf, maps::CLASS_STATS)?,
@@ -291,10 +386,16 @@ impl Datapath {
         })
     }
 
-    /// The loaded program (for `BPF_PROG_TEST_RUN`).
+    /// The loaded shaper program (for `BPF_PROG_TEST_RUN`).
     #[must_use]
     pub fn program(&self) -> &SchedClassifier {
-        self.ebpf.program(PROGRAM_NAME).and_then(|p| <&SchedClassifier>::try_from(p).ok()).expect("checked in load()")
+        self.program_at(Hook::Egress)
+    }
+
+    /// The loaded program for `hook` (for `BPF_PROG_TEST_RUN`).
+    #[must_use]
+    pub fn program_at(&self, hook: Hook) -> &SchedClassifier {
+        self.ebpf.program(hook.program()).and_then(|p| <&SchedClassifier>::try_from(p).ok()).expect("checked in load()")
     }
 
     /// Loads (once) and returns the program that does nothing, for benchmarks.
@@ -311,9 +412,10 @@ impl Datapath {
         Ok(program)
     }
 
-    fn program_mut(&mut self) -> &mut SchedClassifier {
+    /// The program attached at `hook` (both are loaded in `from_loader`).
+    fn program_mut(&mut self, hook: Hook) -> &mut SchedClassifier {
         self.ebpf
-            .program_mut(PROGRAM_NAME)
+            .program_mut(hook.program())
             .and_then(|p| <&mut SchedClassifier>::try_from(p).ok())
             .expect("checked in load()")
     }
@@ -334,24 +436,17 @@ impl Datapath {
     /// shaperd left (its pinned TCX link, or its filter at [`FILTER_PRIORITY`] /
     /// [`FILTER_HANDLE`]) gets this program in its place, atomically. Returns the mode and
     /// whether an attachment was taken over.
-    pub fn attach(&mut self, iface: &str) -> Result<(AttachMode, bool), BpfError> {
+    pub fn attach(&mut self, iface: &str, hook: Hook) -> Result<(AttachMode, bool), BpfError> {
         let mode = Self::attach_mode();
-        let attach_err = |source| BpfError::Attach { iface: iface.to_owned(), source };
+        let attach_err = |source| BpfError::Attach { iface: iface.to_owned(), hook, source };
         let (id, pin, adopted) = match mode {
             AttachMode::Clsact => {
-                match tc::qdisc_add_clsact(iface) {
-                    // Once per name: an interface re-created under it gets clsact again.
-                    Ok(()) if !self.added_clsact.iter().any(|i| i == iface) => self.added_clsact.push(iface.to_owned()),
-                    Ok(()) => {}
-                    Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(Errno::EEXIST as i32) => {}
-                    Err(source) => return Err(BpfError::Clsact { iface: iface.to_owned(), source }),
-                }
-                let handle = TcHandle::from(FILTER_HANDLE);
-                let existing =
-                    SchedClassifierLink::attached(iface, TcAttachType::Egress, FILTER_PRIORITY, handle, None)
-                        .map_err(|e| attach_err(ProgramError::IOError(e)))?;
+                self.ensure_clsact(iface)?;
+                let handle = TcHandle::from(hook.filter_handle());
+                let existing = SchedClassifierLink::attached(iface, hook.attach_type(), FILTER_PRIORITY, handle, None)
+                    .map_err(|e| attach_err(ProgramError::IOError(e)))?;
                 // Without NLM_F_CREATE the kernel only replaces: ENOENT when there is nothing.
-                if let Ok(id) = self.program_mut().attach_to_link(existing) {
+                if let Ok(id) = self.program_mut(hook).attach_to_link(existing) {
                     (id, None, true)
                 } else {
                     let options = TcAttachOptions::Netlink(NlOptions {
@@ -360,46 +455,72 @@ impl Datapath {
                         ..NlOptions::default()
                     });
                     let id = self
-                        .program_mut()
-                        .attach_with_options(iface, TcAttachType::Egress, options)
+                        .program_mut(hook)
+                        .attach_with_options(iface, hook.attach_type(), options)
                         .map_err(attach_err)?;
                     (id, None, false)
                 }
             }
             AttachMode::Tcx => {
-                let pin = self.pin_dir.as_ref().map(|d| d.join(link_pin_name(iface)));
+                let pin = self.pin_dir.as_ref().map(|d| d.join(hook.pin_name(iface)));
                 // This layout's pin, or one an earlier shaperd with another map layout left
                 // (an upgrade): its link gets this program in place, and is pinned here.
-                let found = pin.clone().filter(|p| p.exists()).or_else(|| self.older_link_pin(iface));
+                let found = pin.clone().filter(|p| p.exists()).or_else(|| self.older_link_pin(iface, hook));
                 if let Some(path) = found.as_ref() {
                     let old = PinnedLink::from_pin(path).map_err(pin_err(path, "opening the pinned link"))?;
                     let link = SchedClassifierLink::try_from(FdLink::from(old))
                         .map_err(pin_err(path, "reading the pinned link"))?;
-                    let id = self.program_mut().attach_to_link(link).map_err(attach_err)?;
+                    let id = self.program_mut(hook).attach_to_link(link).map_err(attach_err)?;
                     (id, pin, true)
                 } else {
                     let options = TcAttachOptions::TcxOrder(LinkOrder::default());
                     let id = self
-                        .program_mut()
-                        .attach_with_options(iface, TcAttachType::Egress, options)
+                        .program_mut(hook)
+                        .attach_with_options(iface, hook.attach_type(), options)
                         .map_err(attach_err)?;
                     (id, pin, false)
                 }
             }
         };
-        let mut link = self.program_mut().take_link(id).map_err(attach_err)?;
+        let mut link = self.program_mut(hook).take_link(id).map_err(attach_err)?;
         if let Some(path) = pin.as_ref().filter(|p| !p.exists()) {
             // A pinned TCX link stays attached when this process exits, as a clsact filter does.
             let fd = FdLink::try_from(link).map_err(pin_err(path, "pinning the link"))?;
             let pinned = fd.pin(path).map_err(pin_err(path, "pinning the link"))?;
             link = SchedClassifierLink::try_from(FdLink::from(pinned)).map_err(pin_err(path, "pinning the link"))?;
-            if let Some(older) = self.older_link_pin(iface) {
+            if let Some(older) = self.older_link_pin(iface, hook) {
                 // Pinned here now; the older layout's pin would keep nothing alive but itself.
                 std::fs::remove_file(&older).map_err(pin_err(&older, "removing an older layout's link pin"))?;
             }
         }
-        self.links.push(Attached { iface: iface.to_owned(), link, pin });
+        self.links.push(Attached { iface: iface.to_owned(), hook, link, pin });
         Ok((mode, adopted))
+    }
+
+    /// Adds the clsact qdisc to `iface` if it has none, and records that it did (it is
+    /// removed again on stop).
+    pub fn ensure_clsact(&mut self, iface: &str) -> Result<(), BpfError> {
+        match tc::qdisc_add_clsact(iface) {
+            // Once per name: an interface re-created under it gets clsact again.
+            Ok(()) if !self.added_clsact.iter().any(|i| i == iface) => self.added_clsact.push(iface.to_owned()),
+            Ok(()) => {}
+            Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(Errno::EEXIST as i32) => {}
+            Err(source) => return Err(BpfError::Clsact { iface: iface.to_owned(), source }),
+        }
+        Ok(())
+    }
+
+    /// Takes the filter the caller put under clsact at `hook` of `iface` (at
+    /// [`FILTER_PRIORITY`] and [`Hook::filter_handle`]; not a BPF program: the `act_mirred`
+    /// redirect to an IFB device on kernels whose `bpf_redirect()` cannot feed one) as one of
+    /// this datapath's attachments: detached on stop, forgotten with a gone interface, left
+    /// in place on a handover, as the others.
+    pub fn adopt_filter(&mut self, iface: &str, hook: Hook) -> Result<(), BpfError> {
+        let handle = TcHandle::from(hook.filter_handle());
+        let link = SchedClassifierLink::attached(iface, hook.attach_type(), FILTER_PRIORITY, handle, None)
+            .map_err(|e| BpfError::Attach { iface: iface.to_owned(), hook, source: ProgramError::IOError(e) })?;
+        self.links.push(Attached { iface: iface.to_owned(), hook, link, pin: None });
+        Ok(())
     }
 
     /// Detaches from every interface (and removes the links' pins). Returns the interfaces
@@ -407,7 +528,7 @@ impl Datapath {
     /// [`crate::qdisc::delete_clsact`]).
     pub fn detach_all(&mut self) -> Result<Vec<String>, BpfError> {
         let mut first_err = None;
-        for Attached { iface, link, pin } in std::mem::take(&mut self.links) {
+        for Attached { iface, link, pin, .. } in std::mem::take(&mut self.links) {
             if let Some(path) = pin {
                 if let Err(e) = std::fs::remove_file(&path) {
                     first_err.get_or_insert(BpfError::Pin {
@@ -443,8 +564,8 @@ impl Datapath {
     /// Forgets the attachment to `iface` without detaching it: the interface is gone, and the
     /// attachment with it (or someone removed it). A TCX link's pin is removed, so that an
     /// interface that takes the name does not take the dead link over.
-    pub fn forget(&mut self, iface: &str) {
-        for Attached { iface, link, pin } in self.take_links(iface) {
+    pub fn forget(&mut self, iface: &str, hook: Hook) {
+        for Attached { iface, link, pin, .. } in self.take_links(iface, hook) {
             if let Some(path) = pin {
                 if let Err(e) = std::fs::remove_file(&path) {
                     tracing::warn!(interface = %iface, path = %path.display(), error = %e, "removing a dead link's pin");
@@ -464,8 +585,8 @@ impl Datapath {
     /// Detaches from the interface that was called `iface` when the program was attached
     /// (renamed since, and no longer shaped), removing its TCX link's pin. Failures are
     /// logged: the interface may be going away meanwhile.
-    pub fn detach(&mut self, iface: &str) {
-        for Attached { iface, link, pin } in self.take_links(iface) {
+    pub fn detach(&mut self, iface: &str, hook: Hook) {
+        for Attached { iface, link, pin, .. } in self.take_links(iface, hook) {
             if let Some(path) = pin {
                 if let Err(e) = std::fs::remove_file(&path) {
                     tracing::warn!(interface = %iface, path = %path.display(), error = %e, "removing the link's pin");
@@ -477,9 +598,10 @@ impl Datapath {
         }
     }
 
-    /// The attachments to `iface`, taken out of the bookkeeping.
-    fn take_links(&mut self, iface: &str) -> Vec<Attached> {
-        let (taken, kept) = std::mem::take(&mut self.links).into_iter().partition(|a| a.iface == iface);
+    /// The attachments to `iface` at `hook`, taken out of the bookkeeping.
+    fn take_links(&mut self, iface: &str, hook: Hook) -> Vec<Attached> {
+        let (taken, kept) =
+            std::mem::take(&mut self.links).into_iter().partition(|a| a.iface == iface && a.hook == hook);
         self.links = kept;
         taken
     }
@@ -494,23 +616,17 @@ impl Datapath {
 
     /// Whether this program is attached at egress of `iface` by TCX (see
     /// [`Self::attach_mode`]; a clsact filter is listed with `crate::qdisc::has_egress_filter`).
-    pub fn tcx_attached(&self, iface: &str) -> Result<bool, BpfError> {
+    pub fn tcx_attached(&self, iface: &str, hook: Hook) -> Result<bool, BpfError> {
         let query_err = |source| BpfError::Query { iface: iface.to_owned(), source };
-        let ours = self.program().info().map_err(query_err)?.id();
-        let (_, programs) = SchedClassifier::query_tcx(iface, TcAttachType::Egress).map_err(query_err)?;
+        let ours = self.program_at(hook).info().map_err(query_err)?.id();
+        let (_, programs) = SchedClassifier::query_tcx(iface, hook.attach_type()).map_err(query_err)?;
         Ok(programs.iter().any(|p| p.id() == ours))
     }
 
     /// Removes the settings of interface `ifindex` (gone, or renamed away), so that an
     /// interface that gets the index later does not inherit them. None there is no error.
     pub fn remove_iface(&mut self, ifindex: u32) -> Result<(), BpfError> {
-        match self.ifaces.remove(&ifindex) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(Errno::ENOENT as i32) => Ok(()),
-            Err(source) => {
-                Err(BpfError::Map { name: maps::IFACES, action: format!("removing ifindex {ifindex}"), source })
-            }
-        }
+        remove_ifindex(&mut self.ifaces, maps::IFACES, ifindex)
     }
 
     /// The interfaces whose clsact qdisc this process added (or took over the record of).
@@ -529,15 +645,16 @@ impl Datapath {
         }
     }
 
-    /// The interfaces with a TCX link pinned in this layout's pin directory or an older one's.
+    /// The interfaces with a TCX link at `hook` pinned in this layout's pin directory or an
+    /// older one's.
     #[must_use]
-    pub fn pinned_links(&self) -> Vec<String> {
+    pub fn pinned_links(&self, hook: Hook) -> Vec<String> {
         let mut names: Vec<String> = self
             .layout_dirs()
             .into_iter()
             .filter_map(|dir| std::fs::read_dir(dir).ok())
             .flatten()
-            .filter_map(|entry| entry.ok()?.file_name().to_str()?.strip_prefix(LINK_PIN_PREFIX).map(str::to_owned))
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.strip_prefix(hook.pin_prefix()).map(str::to_owned))
             .collect();
         names.sort();
         names.dedup();
@@ -547,10 +664,10 @@ impl Datapath {
     /// Removes the attachment an earlier shaperd left on `iface`, which this one does not
     /// shape: its pinned TCX link (of any layout), or its filter at [`FILTER_PRIORITY`] /
     /// [`FILTER_HANDLE`] under clsact. Returns whether there was one.
-    pub fn detach_left(&mut self, iface: &str) -> Result<bool, BpfError> {
+    pub fn detach_left(&mut self, iface: &str, hook: Hook) -> Result<bool, BpfError> {
         let mut found = false;
         for dir in self.layout_dirs() {
-            let path = dir.join(link_pin_name(iface));
+            let path = dir.join(hook.pin_name(iface));
             if path.exists() {
                 // Unpinned and closed, the link has no holder left: the kernel detaches it.
                 let link = PinnedLink::from_pin(&path).map_err(pin_err(&path, "opening the pinned link"))?;
@@ -559,9 +676,8 @@ impl Datapath {
             }
         }
         if Self::attach_mode() == AttachMode::Clsact {
-            let handle = TcHandle::from(FILTER_HANDLE);
-            if let Ok(link) = SchedClassifierLink::attached(iface, TcAttachType::Egress, FILTER_PRIORITY, handle, None)
-            {
+            let handle = TcHandle::from(hook.filter_handle());
+            if let Ok(link) = SchedClassifierLink::attached(iface, hook.attach_type(), FILTER_PRIORITY, handle, None) {
                 link.detach().map_err(|source| BpfError::Detach { iface: iface.to_owned(), source })?;
                 found = true;
             }
@@ -609,12 +725,12 @@ impl Datapath {
     }
 
     /// Where an older map layout pinned `iface`'s TCX link, if one did.
-    fn older_link_pin(&self, iface: &str) -> Option<PathBuf> {
+    fn older_link_pin(&self, iface: &str, hook: Hook) -> Option<PathBuf> {
         let current = self.pin_dir.as_ref()?;
         self.layout_dirs()
             .into_iter()
             .filter(|d| d != current)
-            .map(|d| d.join(link_pin_name(iface)))
+            .map(|d| d.join(hook.pin_name(iface)))
             .find(|p| p.exists())
     }
 
@@ -638,9 +754,48 @@ impl Datapath {
         Ok(())
     }
 
-    /// Interface names the program is attached to.
-    pub fn attached(&self) -> impl Iterator<Item = &str> {
-        self.links.iter().map(|a| a.iface.as_str())
+    /// Interface names the program is attached to at `hook`.
+    pub fn attached(&self, hook: Hook) -> impl Iterator<Item = &str> {
+        self.links.iter().filter(move |a| a.hook == hook).map(|a| a.iface.as_str())
+    }
+
+    /// Marks interface `ifindex` as LAN side, for the ingress program to record its packets'
+    /// origins (`flags`: `shaper_common::LAN_L3` or 0).
+    pub fn set_lan_iface(&mut self, ifindex: u32, flags: u32) -> Result<(), BpfError> {
+        self.lan_ifaces
+            .insert(ifindex, flags, 0)
+            .map_err(map_err(maps::LAN_IFACES, format!("setting ifindex {ifindex}")))
+    }
+
+    /// The recorded origins, by flow hash (see `shaper_common::Origin`).
+    #[must_use]
+    pub fn origins(&self) -> Vec<(u32, Origin)> {
+        self.origins.iter().filter_map(Result::ok).collect()
+    }
+
+    /// Records `origin` under flow hash `hash`, as the LAN-ingress program does (for tests).
+    pub fn set_origin(&mut self, hash: u32, origin: Origin) -> Result<(), BpfError> {
+        self.origins.insert(hash, origin, 0).map_err(map_err(maps::ORIGINS, format!("setting hash {hash:#x}")))
+    }
+
+    /// Redirects the packets arriving on interface `ifindex` to the IFB device `ifb` (see
+    /// [`Hook::IfbRedirect`]).
+    pub fn set_ifb_target(&mut self, ifindex: u32, ifb: u32) -> Result<(), BpfError> {
+        self.ifb_targets
+            .insert(ifindex, ifb, 0)
+            .map_err(map_err(maps::IFB_TARGETS, format!("setting ifindex {ifindex}")))
+    }
+
+    /// Stops redirecting interface `ifindex` (gone, or no longer configured). None there is
+    /// no error.
+    pub fn remove_ifb_target(&mut self, ifindex: u32) -> Result<(), BpfError> {
+        remove_ifindex(&mut self.ifb_targets, maps::IFB_TARGETS, ifindex)
+    }
+
+    /// Removes interface `ifindex` from the LAN side (gone, or no longer configured). None
+    /// there is no error.
+    pub fn remove_lan_iface(&mut self, ifindex: u32) -> Result<(), BpfError> {
+        remove_ifindex(&mut self.lan_ifaces, maps::LAN_IFACES, ifindex)
     }
 
     /// Sets an interface's slot, default class and overhead.
@@ -706,7 +861,10 @@ impl Datapath {
         self.clear_bank(bank)?;
         let port_base = bank * PORT_SLOTS;
         let mut ports = Vec::new();
-        for (port, (&s, &d)) in compiled.sport_ids.iter().zip(&compiled.dport_ids).enumerate() {
+        // `ports` records the slots any of the three tables (ports, lengths) uses.
+        for (port, ((&s, &d), &l)) in
+            compiled.sport_ids.iter().zip(&compiled.dport_ids).zip(&compiled.len_ids).enumerate()
+        {
             let port = u32::try_from(port).expect("65536 ports");
             if s != 0 {
                 self.sport_ids.set(port_base + port, s, 0).map_err(map_err(maps::SPORT_IDS, format!("port {port}")))?;
@@ -714,7 +872,10 @@ impl Datapath {
             if d != 0 {
                 self.dport_ids.set(port_base + port, d, 0).map_err(map_err(maps::DPORT_IDS, format!("port {port}")))?;
             }
-            if s != 0 || d != 0 {
+            if l != 0 {
+                self.len_ids.set(port_base + port, l, 0).map_err(map_err(maps::LEN_IDS, format!("length {port}")))?;
+            }
+            if s != 0 || d != 0 || l != 0 {
                 ports.push(port);
             }
         }
@@ -792,6 +953,7 @@ impl Datapath {
         for port in ports {
             self.sport_ids.set(port_base + port, 0, 0).map_err(map_err(maps::SPORT_IDS, format!("port {port}")))?;
             self.dport_ids.set(port_base + port, 0, 0).map_err(map_err(maps::DPORT_IDS, format!("port {port}")))?;
+            self.len_ids.set(port_base + port, 0, 0).map_err(map_err(maps::LEN_IDS, format!("length {port}")))?;
         }
         Ok(())
     }

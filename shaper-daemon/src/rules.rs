@@ -3,9 +3,11 @@
 //! The datapath must find the first matching rule (in file order) at a cost that does not
 //! grow with the number of rules. Rules are grouped by *tuple*, the set of fields they test
 //! and their prefix lengths; one tuple is one hash lookup of the packet key masked by the
-//! tuple's mask (tuple space search). Port ranges do not mask, so ports are first mapped to
-//! ids of elementary intervals (the ranges' boundaries split 0..=65535 into intervals, one
-//! array lookup per port), and a rule with a range is stored once per interval it covers.
+//! tuple's mask (tuple space search). Port and length ranges do not mask, so ports and the
+//! IP length are first mapped to ids of elementary intervals (the ranges' boundaries split
+//! 0..=65535 into intervals, one array lookup per field), and a rule with a range is stored
+//! once per interval it covers. TCP flags are a bit mask per rule (rules with different masks
+//! are different tuples); the source MAC and the ICMP type are exact.
 //!
 //! [`Compiled::lookup`] runs the same algorithm as the datapath, so unit tests can check it
 //! against a plain linear scan ([`first_match`]).
@@ -13,7 +15,9 @@
 use std::{collections::HashMap, mem::offset_of, net::IpAddr};
 
 use ipnet::IpNet;
-use shaper_common::{RuleKey, RuleTarget, Tuple, MAX_RULE_ENTRIES, MAX_TUPLES, RULE_KEY_WORDS};
+use shaper_common::{
+    RuleKey, RuleTarget, Tuple, L4_ICMP, L4_TCP, L4_TCP_NO_PAYLOAD, MAX_RULE_ENTRIES, MAX_TUPLES, RULE_KEY_WORDS,
+};
 
 /// One rule, with names already resolved to ids.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +36,32 @@ pub struct RuleSpec {
     pub dport: Option<(u16, u16)>,
     pub mark: Option<u32>,
     pub dscp: Option<u8>,
+    /// Inclusive range of the packet's IP length (see [`PacketFields::len`]).
+    pub len: Option<(u16, u16)>,
+    /// TCP flags (the rule matches TCP packets only).
+    pub tcp_flags: Option<TcpFlags>,
+    /// ICMP or `ICMPv6` type (the rule matches ICMP and `ICMPv6` packets only; `proto` or the
+    /// networks' family says which).
+    pub icmp_type: Option<u8>,
+    /// Ethernet source address; never all zero (what packets without a link layer have).
+    pub src_mac: Option<[u8; 6]>,
+}
+
+/// A test of a TCP header's flags: `flags & mask == value`, and, with `no_payload`, the
+/// segment carries no payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TcpFlags {
+    pub value: u8,
+    pub mask: u8,
+    pub no_payload: bool,
+}
+
+impl TcpFlags {
+    /// Whether a TCP header with `flags`, of a segment with no payload or not, passes.
+    #[must_use]
+    pub fn matches(self, flags: u8, no_payload: bool) -> bool {
+        flags & self.mask == self.value && (no_payload || !self.no_payload)
+    }
 }
 
 impl RuleSpec {
@@ -51,6 +81,10 @@ impl RuleSpec {
             dport: None,
             mark: None,
             dscp: None,
+            len: None,
+            tcp_flags: None,
+            icmp_type: None,
+            src_mac: None,
         }
     }
 }
@@ -67,6 +101,10 @@ pub enum CompileError {
     TooManyEntries { count: usize, max: u32 },
     #[error("rule {index} (line {line}): src and dst are of different IP families")]
     MixedFamilies { index: u32, line: usize },
+    #[error("rule {index} (line {line}): src_mac 00:00:00:00:00:00 is what packets without an Ethernet header have, not an address a host sends from")]
+    ZeroMac { index: u32, line: usize },
+    #[error("rule {index} (line {line}): tcp_flags value {value:#04x} has bits outside its mask {mask:#04x}, so it never matches")]
+    FlagsOutsideMask { index: u32, line: usize, value: u8, mask: u8 },
 }
 
 /// Everything the datapath's classification maps hold.
@@ -78,6 +116,8 @@ pub struct Compiled {
     /// Port number → interval id, one table per direction.
     pub sport_ids: Vec<u16>,
     pub dport_ids: Vec<u16>,
+    /// IP length → interval id.
+    pub len_ids: Vec<u16>,
 }
 
 /// A packet's classification fields, as the datapath's parser produces them.
@@ -91,29 +131,47 @@ pub struct PacketFields {
     pub mark: u32,
     /// Raw ports, when the packet has a transport header with ports.
     pub ports: Option<(u16, u16)>,
+    /// The Ethernet source address; `None` on an interface without a link layer.
+    pub src_mac: Option<[u8; 6]>,
+    /// The IP length, when the packet is IP: the IPv4 total length, or the IPv6 payload
+    /// length plus 40 (the packet's length from its IP header on when the payload length is
+    /// 0, a jumbogram's), at most 65535; for a GSO packet, one full segment's.
+    pub len: Option<u16>,
+    /// The TCP header's flags byte, when a TCP header was read.
+    pub tcp_flags: Option<u8>,
+    /// A TCP segment whose IP length is its headers' (not a GSO packet).
+    pub tcp_no_payload: bool,
+    /// The ICMP type (IPv4 protocol 1) or `ICMPv6` type (IPv6 next header 58), when read.
+    pub icmp_type: Option<u8>,
 }
 
-/// Elementary intervals of 0..=65535 cut by the boundaries of `ranges`; ids start at 1.
-fn port_intervals(ranges: impl Iterator<Item = (u16, u16)>) -> Vec<u16> {
+/// Elementary intervals of 0..=65535 cut by the boundaries of `ranges`; ids start at 1. Values
+/// that no range covers get id 0, the id of a packet without the field: no rule on the field
+/// holds it, and the datapath's table needs only the covered values written (a rule on
+/// `dport = 53` writes one slot, not 65,536).
+fn intervals(ranges: impl Iterator<Item = (u16, u16)>) -> Vec<u16> {
     let mut cuts = vec![false; 65537];
-    let mut any = false;
+    // Coverage as a difference array: +1 where a range starts, -1 after it ends.
+    let mut depth = vec![0i32; 65537];
     for (start, end) in ranges {
         cuts[usize::from(start)] = true;
         cuts[usize::from(end) + 1] = true;
-        any = true;
-    }
-    if !any {
-        return vec![0; 65536];
+        depth[usize::from(start)] += 1;
+        depth[usize::from(end) + 1] -= 1;
     }
     let mut ids = vec![0u16; 65536];
-    let mut id: u32 = 0;
-    for (port, slot) in ids.iter_mut().enumerate() {
-        if port == 0 || cuts[port] {
+    let (mut id, mut covered): (u32, i32) = (0, 0);
+    for (value, slot) in ids.iter_mut().enumerate() {
+        covered += depth[value];
+        // Coverage changes only where an interval starts (at a cut).
+        if covered > 0 && (value == 0 || cuts[value]) {
             id += 1;
         }
-        // At most 65536 intervals; the last id that could overflow a u16 belongs to port
-        // 65535 alone, and saturating keeps it distinct from every other interval.
-        *slot = u16::try_from(id).unwrap_or(u16::MAX);
+        if covered > 0 {
+            // At most 65536 intervals; saturating keeps the ids below u16's limit (only a
+            // set of one-value ranges on every value could reach it).
+            *slot = u16::try_from(id).unwrap_or(u16::MAX);
+        }
     }
     ids
 }
@@ -154,10 +212,13 @@ fn family(net: &IpNet) -> u8 {
 const _: () = {
     assert!(offset_of!(RuleKey, tuple) == 0 && offset_of!(RuleKey, iface) == 2);
     assert!(offset_of!(RuleKey, family) == 4 && offset_of!(RuleKey, proto) == 5);
-    assert!(offset_of!(RuleKey, dscp) == 6 && offset_of!(RuleKey, _pad) == 7);
+    assert!(offset_of!(RuleKey, dscp) == 6 && offset_of!(RuleKey, tcp_flags) == 7);
     assert!(offset_of!(RuleKey, mark) == 8 && offset_of!(RuleKey, sport) == 12);
     assert!(offset_of!(RuleKey, dport) == 14 && offset_of!(RuleKey, src) == 16);
-    assert!(offset_of!(RuleKey, dst) == 32 && size_of::<RuleKey>() == RULE_KEY_WORDS * 8);
+    assert!(offset_of!(RuleKey, dst) == 32 && offset_of!(RuleKey, src_mac) == 48);
+    assert!(offset_of!(RuleKey, len) == 54 && offset_of!(RuleKey, icmp_type) == 56);
+    assert!(offset_of!(RuleKey, l4) == 57 && offset_of!(RuleKey, _pad) == 58);
+    assert!(size_of::<RuleKey>() == RULE_KEY_WORDS * 8);
 };
 
 /// The key's memory as the datapath sees it (its fields in `#[repr(C)]` order, native byte
@@ -166,12 +227,17 @@ fn words(key: &RuleKey) -> [u64; RULE_KEY_WORDS] {
     let mut bytes = [0u8; RULE_KEY_WORDS * 8];
     bytes[0..2].copy_from_slice(&key.tuple.to_ne_bytes());
     bytes[2..4].copy_from_slice(&key.iface.to_ne_bytes());
-    bytes[4..8].copy_from_slice(&[key.family, key.proto, key.dscp, key._pad]);
+    bytes[4..8].copy_from_slice(&[key.family, key.proto, key.dscp, key.tcp_flags]);
     bytes[8..12].copy_from_slice(&key.mark.to_ne_bytes());
     bytes[12..14].copy_from_slice(&key.sport.to_ne_bytes());
     bytes[14..16].copy_from_slice(&key.dport.to_ne_bytes());
     bytes[16..32].copy_from_slice(&key.src);
     bytes[32..48].copy_from_slice(&key.dst);
+    bytes[48..54].copy_from_slice(&key.src_mac);
+    bytes[54..56].copy_from_slice(&key.len.to_ne_bytes());
+    bytes[56] = key.icmp_type;
+    bytes[57] = key.l4;
+    bytes[58..64].copy_from_slice(&key._pad);
     let mut words = [0u64; RULE_KEY_WORDS];
     for (word, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
         *word = u64::from_ne_bytes(chunk.try_into().expect("8 bytes"));
@@ -192,19 +258,93 @@ fn from_words(w: &[u64; RULE_KEY_WORDS]) -> RuleKey {
         family: bytes[4],
         proto: bytes[5],
         dscp: bytes[6],
-        _pad: bytes[7],
+        tcp_flags: bytes[7],
         mark: u32::from_ne_bytes(field(8..12).try_into().expect("4 bytes")),
         sport: u16::from_ne_bytes(field(12..14).try_into().expect("2 bytes")),
         dport: u16::from_ne_bytes(field(14..16).try_into().expect("2 bytes")),
         src: field(16..32).try_into().expect("16 bytes"),
         dst: field(32..48).try_into().expect("16 bytes"),
+        src_mac: field(48..54).try_into().expect("6 bytes"),
+        len: u16::from_ne_bytes(field(54..56).try_into().expect("2 bytes")),
+        icmp_type: bytes[56],
+        l4: bytes[57],
+        _pad: field(58..64).try_into().expect("6 bytes"),
     }
+}
+
+/// The mask of the fields `rule` tests (its tuple) and its key under that mask (ports and
+/// lengths, which it tests by interval, left at 0).
+fn mask_and_key(rule: &RuleSpec) -> Result<(RuleKey, RuleKey), CompileError> {
+    if let (Some(s), Some(d)) = (&rule.src, &rule.dst) {
+        if family(s) != family(d) {
+            return Err(CompileError::MixedFamilies { index: rule.index, line: rule.line });
+        }
+    }
+    let mut mask = RuleKey { iface: u16::MAX, ..RuleKey::default() };
+    let mut key = RuleKey { iface: rule.iface_slot, ..RuleKey::default() };
+    if let Some(net) = rule.src.or(rule.dst) {
+        mask.family = u8::MAX;
+        key.family = family(&net);
+    }
+    if let Some(net) = rule.src {
+        set_prefix(key_bytes_mut(&mut key), &mut mask.src, net);
+    }
+    if let Some(net) = rule.dst {
+        set_prefix(&mut key.dst, &mut mask.dst, net);
+    }
+    if let Some(p) = rule.proto {
+        mask.proto = u8::MAX;
+        key.proto = p;
+    }
+    if let Some(d) = rule.dscp {
+        mask.dscp = u8::MAX;
+        key.dscp = d;
+    }
+    if let Some(m) = rule.mark {
+        mask.mark = u32::MAX;
+        key.mark = m;
+    }
+    if let Some(mac) = rule.src_mac {
+        if mac == [0; 6] {
+            return Err(CompileError::ZeroMac { index: rule.index, line: rule.line });
+        }
+        mask.src_mac = [u8::MAX; 6];
+        key.src_mac = mac;
+    }
+    // The `l4` bits say the transport header was read, so a packet whose TCP or ICMP
+    // header is missing (flags and type 0) matches no rule on them.
+    if let Some(f) = rule.tcp_flags {
+        if f.value & !f.mask != 0 {
+            return Err(CompileError::FlagsOutsideMask {
+                index: rule.index,
+                line: rule.line,
+                value: f.value,
+                mask: f.mask,
+            });
+        }
+        mask.tcp_flags = f.mask;
+        key.tcp_flags = f.value;
+        mask.l4 |= L4_TCP;
+        key.l4 |= L4_TCP;
+        if f.no_payload {
+            mask.l4 |= L4_TCP_NO_PAYLOAD;
+            key.l4 |= L4_TCP_NO_PAYLOAD;
+        }
+    }
+    if let Some(t) = rule.icmp_type {
+        mask.icmp_type = u8::MAX;
+        key.icmp_type = t;
+        mask.l4 |= L4_ICMP;
+        key.l4 |= L4_ICMP;
+    }
+    Ok((mask, key))
 }
 
 /// Compiles rules into the datapath's tables.
 pub fn compile(rules: &[RuleSpec]) -> Result<Compiled, CompileError> {
-    let sport_ids = port_intervals(rules.iter().filter_map(|r| r.sport));
-    let dport_ids = port_intervals(rules.iter().filter_map(|r| r.dport));
+    let sport_ids = intervals(rules.iter().filter_map(|r| r.sport));
+    let dport_ids = intervals(rules.iter().filter_map(|r| r.dport));
+    let len_ids = intervals(rules.iter().filter_map(|r| r.len));
 
     // mask words → (tuple position in `masks`, smallest rule index)
     let mut masks: Vec<([u64; RULE_KEY_WORDS], u32)> = Vec::new();
@@ -213,42 +353,18 @@ pub fn compile(rules: &[RuleSpec]) -> Result<Compiled, CompileError> {
     let mut seen: HashMap<(usize, RuleKey), usize> = HashMap::new();
 
     for rule in rules {
-        if let (Some(s), Some(d)) = (&rule.src, &rule.dst) {
-            if family(s) != family(d) {
-                return Err(CompileError::MixedFamilies { index: rule.index, line: rule.line });
-            }
-        }
-        let mut mask = RuleKey { iface: u16::MAX, ..RuleKey::default() };
-        let mut key = RuleKey { iface: rule.iface_slot, ..RuleKey::default() };
-        if let Some(net) = rule.src.or(rule.dst) {
-            mask.family = u8::MAX;
-            key.family = family(&net);
-        }
-        if let Some(net) = rule.src {
-            set_prefix(key_bytes_mut(&mut key), &mut mask.src, net);
-        }
-        if let Some(net) = rule.dst {
-            set_prefix(&mut key.dst, &mut mask.dst, net);
-        }
-        if let Some(p) = rule.proto {
-            mask.proto = u8::MAX;
-            key.proto = p;
-        }
-        if let Some(d) = rule.dscp {
-            mask.dscp = u8::MAX;
-            key.dscp = d;
-        }
-        if let Some(m) = rule.mark {
-            mask.mark = u32::MAX;
-            key.mark = m;
-        }
+        let (mut mask, key) = mask_and_key(rule)?;
         let sports = rule.sport.map_or_else(|| vec![0], |r| ids_in(&sport_ids, r));
         let dports = rule.dport.map_or_else(|| vec![0], |r| ids_in(&dport_ids, r));
+        let lens = rule.len.map_or_else(|| vec![0], |r| ids_in(&len_ids, r));
         if rule.sport.is_some() {
             mask.sport = u16::MAX;
         }
         if rule.dport.is_some() {
             mask.dport = u16::MAX;
+        }
+        if rule.len.is_some() {
+            mask.len = u16::MAX;
         }
 
         let mask_words = words(&mask);
@@ -262,19 +378,19 @@ pub fn compile(rules: &[RuleSpec]) -> Result<Compiled, CompileError> {
         let target = RuleTarget { rule: rule.index, class: rule.class };
         for &sp in &sports {
             for &dp in &dports {
-                let mut k = key;
-                k.sport = sp;
-                k.dport = dp;
-                match seen.get(&(pos, k)) {
-                    Some(&i) if entries[i].2.rule <= rule.index => {}
-                    Some(&i) => entries[i].2 = target,
-                    None => {
-                        seen.insert((pos, k), entries.len());
-                        entries.push((pos, k, target));
+                for &len in &lens {
+                    let k = RuleKey { sport: sp, dport: dp, len, ..key };
+                    match seen.get(&(pos, k)) {
+                        Some(&i) if entries[i].2.rule <= rule.index => {}
+                        Some(&i) => entries[i].2 = target,
+                        None => {
+                            seen.insert((pos, k), entries.len());
+                            entries.push((pos, k, target));
+                        }
                     }
-                }
-                if entries.len() > MAX_RULE_ENTRIES as usize {
-                    return Err(CompileError::TooManyEntries { count: entries.len(), max: MAX_RULE_ENTRIES });
+                    if entries.len() > MAX_RULE_ENTRIES as usize {
+                        return Err(CompileError::TooManyEntries { count: entries.len(), max: MAX_RULE_ENTRIES });
+                    }
                 }
             }
         }
@@ -298,7 +414,7 @@ pub fn compile(rules: &[RuleSpec]) -> Result<Compiled, CompileError> {
             (key, target)
         })
         .collect();
-    Ok(Compiled { tuples, entries, sport_ids, dport_ids })
+    Ok(Compiled { tuples, entries, sport_ids, dport_ids, len_ids })
 }
 
 impl PacketFields {
@@ -328,6 +444,18 @@ impl PacketFields {
         if let Some((sp, dp)) = self.ports {
             key.sport = compiled.sport_ids[usize::from(sp)];
             key.dport = compiled.dport_ids[usize::from(dp)];
+        }
+        if let Some(len) = self.len {
+            key.len = compiled.len_ids[usize::from(len)];
+        }
+        key.src_mac = self.src_mac.unwrap_or_default();
+        if let Some(flags) = self.tcp_flags {
+            key.tcp_flags = flags;
+            key.l4 = L4_TCP | if self.tcp_no_payload { L4_TCP_NO_PAYLOAD } else { 0 };
+        }
+        if let Some(t) = self.icmp_type {
+            key.icmp_type = t;
+            key.l4 = L4_ICMP;
         }
         key
     }
@@ -366,7 +494,7 @@ pub fn first_match<'a>(rules: &'a [RuleSpec], p: &PacketFields) -> Option<&'a Ru
         (Some(n), Some(a)) => n.contains(&a),
         (Some(_), None) => false,
     };
-    let range_ok = |r: &Option<(u16, u16)>, port: Option<u16>| match (r, port) {
+    let range_ok = |r: &Option<(u16, u16)>, value: Option<u16>| match (r, value) {
         (None, _) => true,
         (Some((a, b)), Some(p)) => (*a..=*b).contains(&p),
         (Some(_), None) => false,
@@ -382,6 +510,10 @@ pub fn first_match<'a>(rules: &'a [RuleSpec], p: &PacketFields) -> Option<&'a Ru
             && r.mark.is_none_or(|x| x == p.mark)
             && range_ok(&r.sport, p.ports.map(|x| x.0))
             && range_ok(&r.dport, p.ports.map(|x| x.1))
+            && range_ok(&r.len, p.len)
+            && r.src_mac.is_none_or(|m| p.src_mac == Some(m))
+            && r.tcp_flags.is_none_or(|f| p.tcp_flags.is_some_and(|x| f.matches(x, p.tcp_no_payload)))
+            && r.icmp_type.is_none_or(|t| p.icmp_type == Some(t))
     })
 }
 
@@ -454,6 +586,52 @@ mod tests {
     }
 
     #[test]
+    fn only_values_a_range_covers_have_interval_ids() {
+        let ids = intervals([(53, 53), (50, 60), (1000, 1000)].into_iter());
+        assert_eq!((ids[0], ids[49], ids[61], ids[999], ids[1001], ids[65535]), (0, 0, 0, 0, 0, 0));
+        assert_eq!((ids[50], ids[52], ids[53], ids[54], ids[60], ids[1000]), (1, 1, 2, 3, 3, 4));
+        assert!(intervals(std::iter::empty()).iter().all(|&id| id == 0));
+        assert!(intervals([(0, 65535)].into_iter()).iter().all(|&id| id == 1));
+    }
+
+    #[test]
+    fn seed_003s_classes_by_flags_length_and_icmp_type() {
+        let ack = TcpFlags { value: 0x10, mask: 0x3f, no_payload: false };
+        let rules = vec![
+            RuleSpec { tcp_flags: Some(TcpFlags { no_payload: true, ..ack }), ..RuleSpec::new(0, 1) },
+            RuleSpec { tcp_flags: Some(ack), len: Some((0, 63)), ..RuleSpec::new(1, 2) },
+            RuleSpec { icmp_type: Some(8), ..RuleSpec::new(2, 3) },
+            RuleSpec { src_mac: Some([2, 0, 0, 0, 1, 0x10]), ..RuleSpec::new(3, 4) },
+        ];
+        let c = compile(&rules).unwrap();
+        let tcp = |flags, no_payload, len| PacketFields {
+            tcp_flags: Some(flags),
+            tcp_no_payload: no_payload,
+            len: Some(len),
+            ..v4([1, 2, 3, 4], [5, 6, 7, 8], 6, Some((1, 2)))
+        };
+        let class = |p: PacketFields| c.lookup(&p).map(|t| t.class);
+        assert_eq!(class(tcp(0x10, true, 52)), Some(1));
+        assert_eq!(class(tcp(0x50, true, 72)), Some(1), "ECE is not compared");
+        assert_eq!(class(tcp(0x10, false, 60)), Some(2));
+        assert_eq!(class(tcp(0x18, false, 60)), None);
+        let ping = PacketFields { icmp_type: Some(8), len: Some(84), ..v4([1, 2, 3, 4], [5, 6, 7, 8], 1, None) };
+        assert_eq!(class(ping), Some(3));
+        assert_eq!(class(PacketFields { icmp_type: Some(0), ..ping }), None);
+        // Without a header, no flags nor type: a rule on either never matches.
+        assert_eq!(class(PacketFields { icmp_type: None, ..ping }), None);
+        assert_eq!(class(PacketFields { src_mac: Some([2, 0, 0, 0, 1, 0x10]), ..ping }), Some(3));
+        assert_eq!(class(PacketFields { src_mac: Some([2, 0, 0, 0, 1, 0x10]), icmp_type: None, ..ping }), Some(4));
+        let zero = [RuleSpec { src_mac: Some([0; 6]), ..RuleSpec::new(0, 1) }];
+        assert_eq!(compile(&zero).unwrap_err(), CompileError::ZeroMac { index: 0, line: 1 });
+        let outside = [RuleSpec {
+            tcp_flags: Some(TcpFlags { value: 0x12, mask: 0x02, no_payload: false }),
+            ..RuleSpec::new(0, 1)
+        }];
+        assert!(matches!(compile(&outside), Err(CompileError::FlagsOutsideMask { .. })));
+    }
+
+    #[test]
     fn families_do_not_mix() {
         let rules = vec![
             RuleSpec { dst: Some("::/0".parse().unwrap()), ..RuleSpec::new(0, 6) },
@@ -493,26 +671,41 @@ mod tests {
                 .prop_map(|(a, l)| Some(IpNet::new(IpAddr::V4(Ipv4Addr::from(a)), l).unwrap().trunc()))
         ];
         let range = prop_oneof![Just(None), (0u16..8, 0u16..8).prop_map(|(a, b)| Some((a.min(b), a.max(b))))];
+        let flags = (0u8..4, 0u8..4, any::<bool>()).prop_map(|(value, mask, no_payload)| TcpFlags {
+            value: value & mask,
+            mask,
+            no_payload,
+        });
         (
             net.clone(),
             net,
             prop::option::of(prop_oneof![Just(6u8), Just(17u8)]),
             range.clone(),
-            range,
+            range.clone(),
             prop::option::of(0u32..3),
             prop::option::of(0u8..3),
             0u32..5,
+            range,
+            prop::option::weighted(0.2, flags),
+            prop::option::weighted(0.2, 0u8..3),
+            prop::option::weighted(0.2, (1u8..3).prop_map(|b| [2, 0, 0, 0, 0, b])),
         )
-            .prop_map(|(src, dst, proto, sport, dport, mark, dscp, class)| RuleSpec {
-                src,
-                dst,
-                proto,
-                sport,
-                dport,
-                mark,
-                dscp,
-                ..RuleSpec::new(0, class)
-            })
+            .prop_map(
+                |(src, dst, proto, sport, dport, mark, dscp, class, len, tcp_flags, icmp_type, src_mac)| RuleSpec {
+                    src,
+                    dst,
+                    proto,
+                    sport,
+                    dport,
+                    mark,
+                    dscp,
+                    len,
+                    tcp_flags,
+                    icmp_type,
+                    src_mac,
+                    ..RuleSpec::new(0, class)
+                },
+            )
     }
 
     fn arb_packet() -> impl Strategy<Value = PacketFields> {
@@ -524,11 +717,22 @@ mod tests {
             0u16..9,
             0u32..3,
             0u8..3,
+            0u16..9,
+            (0u8..4, any::<bool>(), prop::option::of(0u8..3)),
+            prop::option::of((0u8..3).prop_map(|b| [2, 0, 0, 0, 0, b])),
         )
-            .prop_map(|(s, d, proto, sp, dp, mark, dscp)| PacketFields {
-                dscp,
-                mark,
-                ..v4(s, d, proto, (proto != 1).then_some((sp, dp)))
+            .prop_map(|(s, d, proto, sp, dp, mark, dscp, len, (flags, no_payload, icmp), src_mac)| {
+                let tcp = proto == 6;
+                PacketFields {
+                    dscp,
+                    mark,
+                    len: Some(len),
+                    src_mac,
+                    tcp_flags: tcp.then_some(flags),
+                    tcp_no_payload: tcp && no_payload,
+                    icmp_type: if proto == 1 { icmp } else { None },
+                    ..v4(s, d, proto, (proto != 1).then_some((sp, dp)))
+                }
             })
     }
 

@@ -6,11 +6,15 @@
 //! packet key masked by the tuple, so a tuple costs one lookup whatever its number of rules.
 //! Tuples are sorted by the smallest rule index they hold, so once a match is found, every
 //! tuple whose smallest index is larger can be skipped.
+//!
+//! Ranges (ports, the IP length) do not mask: the daemon cuts each field's values into the
+//! elementary intervals its rules' ranges make, and the key holds the interval's id, looked
+//! up in an array (`SPORT_IDS`, `DPORT_IDS`, `LEN_IDS`) before the tuples are searched.
 
 use aya_ebpf::{cty::c_void, helpers::bpf_loop};
 use shaper_common::{Globals, RuleKey, RuleTarget, MAX_TUPLES, PORT_SLOTS, RULE_KEY_WORDS};
 
-use crate::{DPORT_IDS, GLOBALS, RULES, SPORT_IDS, TUPLES};
+use crate::{parse::Parsed, DPORT_IDS, GLOBALS, LEN_IDS, RULES, SPORT_IDS, TUPLES};
 
 /// The active rule bank and its tuple count. Read once per packet, so that a packet is
 /// classified by one rule set even while the daemon switches banks.
@@ -19,12 +23,19 @@ pub fn rule_set() -> Globals {
     GLOBALS.get(0).copied().unwrap_or_default()
 }
 
-/// Replaces raw ports in the key by their interval ids (the unit rules are compiled in).
+/// Sets the key's interval ids (the unit range rules are compiled in) from the packet's raw
+/// ports and IP length: 0 for a packet without ports, or that is not IP.
 #[inline(always)]
-pub fn port_ids(set: Globals, key: &mut RuleKey, sport: u16, dport: u16) {
+pub fn interval_ids(set: Globals, key: &mut RuleKey, p: &Parsed) {
     let base = (set.bank & 1) * PORT_SLOTS;
-    key.sport = SPORT_IDS.get(base + u32::from(sport)).copied().unwrap_or(0);
-    key.dport = DPORT_IDS.get(base + u32::from(dport)).copied().unwrap_or(0);
+    if p.has_ports {
+        key.sport = SPORT_IDS.get(base + u32::from(p.sport)).copied().unwrap_or(0);
+        key.dport = DPORT_IDS.get(base + u32::from(p.dport)).copied().unwrap_or(0);
+    }
+    if p.ip_len != 0 {
+        // At most 65535 (the parser's bound): within the bank's slots.
+        key.len = LEN_IDS.get(base + (p.ip_len & 0xffff)).copied().unwrap_or(0);
+    }
 }
 
 /// Returns the target of the first rule (in file order) that matches `key`.

@@ -20,15 +20,16 @@ mod parse;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
-    helpers::{bpf_get_hash_recalc, bpf_ktime_get_ns},
+    helpers::{bpf_get_hash_recalc, bpf_ktime_get_ns, bpf_redirect},
     macros::{classifier, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::TcContext,
 };
 use shaper_common::{
     delay_bucket, frames_ns, ClassConfig, ClassState, ClassStats, Globals, HostKey, HostState, IfaceConfig, LinkState,
-    RuleKey, RuleTarget, Tuple, CLASS_BORROWING, CLASS_QUIET, FLOW_SLOTS, HOST_SLOTS, IFACE_DOWNLOAD, IFACE_L3,
-    ISOLATE_FLOW, ISOLATE_NONE, MAX_CLASSES, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, PORT_SLOTS, RULE_BANKS,
+    Origin, RuleKey, RuleTarget, Tuple, CLASS_BORROWING, CLASS_QUIET, DSCP_OVER, DSCP_SET, FLOW_SLOTS, HOST_SLOTS,
+    IFACE_DOWNLOAD, IFACE_L3, IFACE_NAT, ISOLATE_FLOW, ISOLATE_NONE, LAN_L3, MAX_CLASSES, MAX_IFB_TARGETS,
+    MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, ORIGIN_SLOTS, PORT_SLOTS, PROFILE_BURST_FRAMES, RULE_BANKS,
     SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
 };
 
@@ -44,6 +45,9 @@ static RULES: HashMap<RuleKey, RuleTarget> = HashMap::with_max_entries(MAX_RULE_
 static SPORT_IDS: Array<u16> = Array::with_max_entries(PORT_SLOTS * RULE_BANKS, 0);
 #[map]
 static DPORT_IDS: Array<u16> = Array::with_max_entries(PORT_SLOTS * RULE_BANKS, 0);
+/// IP length → its interval id (as the port tables; two banks).
+#[map]
+static LEN_IDS: Array<u16> = Array::with_max_entries(PORT_SLOTS * RULE_BANKS, 0);
 #[map]
 static CLASS_CONFIG: Array<ClassConfig> = Array::with_max_entries(MAX_CLASSES, 0);
 #[map]
@@ -64,10 +68,145 @@ static LINKS: Array<LinkState> = Array::with_max_entries(MAX_INTERFACES, 0);
 /// (`BPF_SKB_TSTAMP_DELIVERY_MONO` since 5.18, renamed `BPF_SKB_CLOCK_MONOTONIC` in 6.11).
 const TSTAMP_MONO: u8 = 1;
 
+/// Interfaces on the hosts' side of a NAT (ifindex → `LAN_*` flags): the LAN-ingress program
+/// records the origin of the packets that come in there.
+#[map]
+static LAN_IFACES: HashMap<u32, u32> = HashMap::with_max_entries(MAX_INTERFACES, 0);
+/// Flow hash → the flow as it came in on a LAN-side interface (see [`Origin`]).
+#[map]
+static ORIGINS: LruHashMap<u32, Origin> = LruHashMap::with_max_entries(ORIGIN_SLOTS, 0);
+
 #[classifier]
 pub fn shaper_egress(ctx: TcContext) -> i32 {
     // Anything unexpected lets the packet through unshaped rather than dropping traffic.
     try_egress(&ctx).unwrap_or(TC_ACT_OK)
+}
+
+/// Attached at ingress of the LAN-side interfaces of a gateway that masquerades: records each
+/// flow's source address and port as the host sent them, under the skb's flow hash, for the
+/// egress program of the WAN interface to classify the translated packet by (see
+/// [`restore_origin`]). Never drops or changes a packet.
+#[classifier]
+pub fn shaper_ingress(ctx: TcContext) -> i32 {
+    record_origin(&ctx);
+    TC_ACT_OK
+}
+
+#[inline(always)]
+fn record_origin(ctx: &TcContext) {
+    let skb = ctx.skb.skb;
+    // SAFETY: the context pointer is valid for the whole program run; at ingress, `ifindex`
+    // is the receiving device's.
+    let ifindex = unsafe { (*skb).ifindex };
+    // SAFETY: the value lives as long as the map.
+    let Some(flags) = (unsafe { LAN_IFACES.get(&ifindex) }) else { return };
+    let mut key = RuleKey::default();
+    let Ok(p) = parse::parse(ctx, *flags & LAN_L3 != 0, &mut key) else { return };
+    if key.family == 0 {
+        return;
+    }
+    // The hash the kernel computes here from the original addresses and ports stays with
+    // the skb through routing and NAT (nothing on the forwarding path clears it; a
+    // reassembled fragment gets a new one), and the egress program reads the same value.
+    // SAFETY: the helper only computes (and caches) the skb's flow hash.
+    let hash = unsafe { bpf_get_hash_recalc(skb) };
+    let origin = Origin {
+        src: key.src,
+        dst: key.dst,
+        sport: p.sport,
+        dport: p.dport,
+        family: key.family,
+        proto: key.proto,
+        _pad: [0; 2],
+    };
+    match ORIGINS.get_ptr_mut(&hash) {
+        // The flow's later packets find their record as it is: no write, no LRU update.
+        // SAFETY: a valid map value pointer; a plain read.
+        Some(old) if same_origin(unsafe { &*old }, &origin) => {}
+        // A flow whose hash another flow had (or NAT on the LAN side changed it): rewritten in
+        // place. Two CPUs writing at once may mix two records, which the egress program's
+        // check of the destination rejects.
+        // SAFETY: as above; the value lives as long as the map.
+        Some(old) => unsafe { core::ptr::write_volatile(old, origin) },
+        None => {
+            let _ = ORIGINS.insert(&hash, &origin, 0);
+        }
+    }
+}
+
+/// Whether two origins are the same flow (field by field: a comparison of the structs as a
+/// whole would call `memcmp`, which BPF has not).
+#[inline(always)]
+fn same_origin(a: &Origin, b: &Origin) -> bool {
+    same16(&a.src, &b.src)
+        && same16(&a.dst, &b.dst)
+        && a.sport == b.sport
+        && a.dport == b.dport
+        && a.family == b.family
+        && a.proto == b.proto
+}
+
+#[inline(always)]
+fn same16(a: &[u8; 16], b: &[u8; 16]) -> bool {
+    let (a, b) = (a.as_ptr().cast::<u64>(), b.as_ptr().cast::<u64>());
+    // SAFETY: both point to 16 readable bytes; unaligned reads.
+    unsafe {
+        core::ptr::read_unaligned(a) == core::ptr::read_unaligned(b)
+            && core::ptr::read_unaligned(a.add(1)) == core::ptr::read_unaligned(b.add(1))
+    }
+}
+
+/// On a WAN interface behind which hosts are translated (`IFACE_NAT`): puts back the source
+/// address and port the packet's flow had on the LAN side, if a record of it is found under
+/// the skb's flow hash and agrees with the packet on what source NAT leaves alone
+/// (destination, its port, protocol, family). Rules on `src` then match the host's own
+/// address, and isolation sees each host apart. Not inlined: a frame of its own, as
+/// `link_take`.
+#[inline(never)]
+fn restore_origin(skb: *mut aya_ebpf::bindings::__sk_buff, key: &mut RuleKey, sport: &mut u16, dport: u16) {
+    // SAFETY: the helper only reads (and caches) the skb's flow hash.
+    let hash = unsafe { bpf_get_hash_recalc(skb) };
+    // SAFETY: the value lives as long as the map; fields are read once.
+    let Some(o) = (unsafe { ORIGINS.get(&hash) }) else { return };
+    if o.family == key.family && o.proto == key.proto && o.dport == dport && same16(&o.dst, &key.dst) {
+        key.src = o.src;
+        *sport = o.sport;
+    }
+}
+
+/// Interfaces whose arriving packets are shaped (`direction = "ingress"`): ifindex → ifindex
+/// of the interface's IFB device.
+#[map]
+static IFB_TARGETS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_IFB_TARGETS, 0);
+
+/// Attached at ingress of an interface shaped on ingress: sends each arriving packet to the
+/// egress of the interface's IFB device, where `shaper_egress` paces it and `fq` holds it.
+/// The IFB gives it back to the stack at ingress of this interface once `fq` releases it
+/// (`ifb_ri_tasklet()` in drivers/net/ifb.c: `netif_receive_skb()` on the device of
+/// `skb_iif`, with `tc_skip_classify` set so that this program does not see it again).
+/// `bpf_redirect()` to a device's egress marks the skb as redirected from ingress, which
+/// `ifb_xmit()` requires (`skb_set_redirected_noclear()` in `__bpf_tx_skb()`, since Linux
+/// 6.4: "bpf: Set skb redirect and from_ingress info in __bpf_tx_skb"; before, the IFB drops
+/// every packet), and clears a receive timestamp (`skb_clear_tstamp()`): the IFB's `fq` sees
+/// only the departure time the shaper sets. shaperd attaches it with TCX (6.6 and later);
+/// under clsact it redirects with `act_mirred` instead.
+#[classifier]
+pub fn shaper_ifb(ctx: TcContext) -> i32 {
+    // SAFETY: the context pointer is valid for the whole program run; at ingress, `ifindex`
+    // is the receiving device's.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: the value lives as long as the map.
+    match unsafe { IFB_TARGETS.get(&ifindex) } {
+        Some(&ifb) => {
+            // SAFETY: helper without preconditions.
+            let verdict = unsafe { bpf_redirect(ifb, 0) };
+            // TC_ACT_REDIRECT; an IFB that is gone meanwhile drops the packet, as act_mirred
+            // does with a device that is gone.
+            i32::try_from(verdict).unwrap_or(TC_ACT_SHOT)
+        }
+        // Not (or no longer) shaped: the packet goes on unshaped.
+        None => TC_ACT_OK,
+    }
 }
 
 /// Does nothing: the baseline that `cargo xtask bench` measures the datapath against (the
@@ -91,10 +230,11 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     key.mark = unsafe { (*skb).mark };
     let set = classify::rule_set();
     let (class, hdr_len, ip) = match parse::parse(ctx, iface.flags & IFACE_L3 != 0, &mut key) {
-        Ok(p) => {
-            if p.has_ports {
-                classify::port_ids(set, &mut key, p.sport, p.dport);
+        Ok(mut p) => {
+            if iface.flags & IFACE_NAT != 0 {
+                restore_origin(skb, &mut key, &mut p.sport, p.dport);
             }
+            classify::interval_ids(set, &mut key, &p);
             let class = classify::classify(set, &key).map_or(iface.default_class, |t| t.class);
             (class, p.hdr_len, IpEcn { family: key.family, l3: p.l3, ecn: p.ecn })
         }
@@ -275,18 +415,15 @@ fn mark_ce(ctx: &TcContext, ip: IpEcn) -> bool {
     }
 }
 
-/// Bytes this skb puts on the wire. A GSO packet leaves as `gso_segs` segments, each with
-/// its own copy of the headers; qdiscs count it the same way (`qdisc_pkt_len_init`).
+/// Bytes this skb puts on the line: each GSO segment is a frame of its own, with its own copy
+/// of the headers (as qdiscs count it, `qdisc_pkt_len_init`), its overhead, mpu and cells
+/// (as CAKE counts it, `cake_overhead`). See [`shaper_common::wire_len`].
 #[inline(always)]
-fn wire_len(len: u32, gso_segs: u32, hdr_len: u32, overhead: i32) -> u64 {
-    let segs = u64::from(gso_segs.max(1));
-    let bytes = u64::from(len) + (segs - 1) * u64::from(hdr_len);
-    let framed = bytes as i64 + i64::from(overhead) * segs as i64;
-    if framed < 1 {
-        1
-    } else {
-        framed as u64
-    }
+fn wire_len(skb: *const aya_ebpf::bindings::__sk_buff, hdr_len: u32, iface: &IfaceConfig) -> u64 {
+    // SAFETY: the context pointer is valid for the whole program run. `gso_size` is readable
+    // from tc programs since Linux 5.7 ("bpf: Add gso_size to __sk_buff").
+    let (len, gso_segs, gso_size) = unsafe { ((*skb).len, (*skb).gso_segs, (*skb).gso_size) };
+    shaper_common::wire_len(len, gso_segs, gso_size, hdr_len, iface)
 }
 
 /// Counts the packet in its class, and gives it its departure time (or drops it).
@@ -299,9 +436,9 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
     // disabled, so plain increments are not lost.
     let stats = unsafe { &mut *stats };
     // SAFETY: the context pointer is valid for the whole program run.
-    let (len, gso_segs) = unsafe { ((*skb).len, (*skb).gso_segs) };
+    let gso_segs = unsafe { (*skb).gso_segs };
     let segs = u64::from(gso_segs.max(1));
-    let bytes = wire_len(len, gso_segs, p.hdr_len, p.iface.overhead);
+    let bytes = wire_len(skb, p.hdr_len, p.iface);
 
     let config = match CLASS_CONFIG.get(class) {
         // A reference into the map value rather than a copy: the BPF stack is small. The
@@ -380,6 +517,7 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
         // SAFETY: as for `edt::take_slot`.
         unsafe { edt::fetch_add(next, cost) };
         stats.sparse_packets += 1;
+        remark(ctx, ip, config, state, now, bytes);
         return sent.record(stats, now);
     }
     // A quiet class's packet leaves behind what the link has committed (see `CLASS_QUIET`),
@@ -421,7 +559,72 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
             }
         }
     }
+    remark(ctx, ip, config, state, now, bytes);
     sent.record(stats, depart)
+}
+
+/// Sets the DSCP of a packet that leaves, if its class marks (`ClassConfig::dscp_flags`):
+/// `over_dscp` beyond the class's guaranteed rate (`DSCP_OVER`), else `set_dscp`
+/// (`DSCP_SET`). A GSO packet is metered and marked as a whole.
+#[inline(always)]
+fn remark(ctx: &TcContext, ip: IpEcn, config: &ClassConfig, state: *mut ClassState, now: u64, bytes: u64) {
+    let flags = config.dscp_flags;
+    if flags == 0 || ip.family == 0 {
+        return;
+    }
+    let dscp = if flags & DSCP_OVER != 0 && !in_profile(state, now, bytes, config.guarantee_bytes) {
+        config.over_dscp
+    } else if flags & DSCP_SET != 0 {
+        config.set_dscp
+    } else {
+        return;
+    };
+    set_dscp(ctx, ip, dscp);
+}
+
+/// The class's profile meter (GCRA at its guaranteed `rate`, `PROFILE_BURST_FRAMES` of
+/// tolerance): whether a packet of `bytes` sent now is within the profile; if it is, it
+/// takes its time from the meter's clock. Plain reads and writes: two CPUs metering at once
+/// may lose one packet's cost, which lets one more packet through in profile. Not inlined,
+/// as `link_take`.
+#[inline(never)]
+fn in_profile(state: *mut ClassState, now: u64, bytes: u64, rate: u64) -> bool {
+    // SAFETY: `state` points into an array map value (`CLASS_STATE`); no reference is created.
+    let clock = unsafe { core::ptr::addr_of_mut!((*state).profile_next_ns) };
+    // SAFETY: as above.
+    let tat = unsafe { core::ptr::read_volatile(clock) };
+    if tat > now + frames_ns(PROFILE_BURST_FRAMES, rate) {
+        return false;
+    }
+    let start = if tat > now { tat } else { now };
+    // SAFETY: as above.
+    unsafe { core::ptr::write_volatile(clock, start + (bytes * NS).checked_div(rate).unwrap_or(0)) };
+    true
+}
+
+/// Rewrites the packet's DSCP, keeping its ECN bits; IPv4's header checksum is updated
+/// (RFC 1624), IPv6 has none (and the transport checksums do not cover the traffic class).
+#[inline(always)]
+fn set_dscp(ctx: &TcContext, ip: IpEcn, dscp: u8) {
+    let off = ip.l3 as usize;
+    let Ok(word) = ctx.load::<[u8; 2]>(off) else { return };
+    let new = match ip.family {
+        4 => [word[0], (dscp << 2) | (word[1] & 0x03)],
+        6 => [(word[0] & 0xF0) | (dscp >> 2), (word[1] & 0x3F) | ((dscp & 0x03) << 6)],
+        _ => return,
+    };
+    if new == word {
+        return;
+    }
+    if ip.family == 4 {
+        let from = u64::from(u16::from_ne_bytes(word));
+        let to = u64::from(u16::from_ne_bytes(new));
+        if ctx.l3_csum_replace(off + 10, from, to, 2).is_ok() {
+            let _ = ctx.store(off + 1, &new[1], 0);
+        }
+    } else {
+        let _ = ctx.store(off, &new, 0);
+    }
 }
 
 /// Nanoseconds per second: costs are `bytes * NS / bytes_per_second`.

@@ -234,10 +234,25 @@ impl Topology {
     /// Like [`Self::iperf_client`], with more iperf3 options (`-u`, `-b RATE`, `-P N`...).
     #[must_use]
     pub fn iperf_client_with(&self, src: &str, port: u16, seconds: u32, interval: &str, extra: &[&str]) -> Child {
+        self.iperf_client_to(SERVER, src, port, seconds, interval, extra)
+    }
+
+    /// Like [`Self::iperf_client_with`], to the server's address `server` (e.g. [`SERVER6`]).
+    /// With `-R` the server sends (a download): [`download_intervals`] reads the client's side.
+    #[must_use]
+    pub fn iperf_client_to(
+        &self,
+        server: &str,
+        src: &str,
+        port: u16,
+        seconds: u32,
+        interval: &str,
+        extra: &[&str],
+    ) -> Child {
         let port = port.to_string();
         let seconds = seconds.to_string();
         let mut args =
-            vec!["-c", SERVER, "-B", src, "-p", &port, "-t", &seconds, "-i", interval, "-J", "--get-server-output"];
+            vec!["-c", server, "-B", src, "-p", &port, "-t", &seconds, "-i", interval, "-J", "--get-server-output"];
         args.extend_from_slice(extra);
         self.lan
             .command("iperf3")
@@ -330,11 +345,28 @@ pub fn receiver_intervals(client: Child) -> Vec<Interval> {
     receiver_side(&v)
 }
 
+/// Waits for an iperf3 client run with `-R` (the server sends, the client receives: a
+/// download) and returns the intervals the client measured, the receiver's side.
+#[must_use]
+pub fn download_intervals(client: Child) -> Vec<Interval> {
+    let out = client.wait_with_output().expect("waiting for iperf3");
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("iperf3 JSON: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+    assert!(v.get("error").is_none(), "iperf3: {}", v["error"]);
+    assert_eq!(v["start"]["test_start"]["reverse"], 1, "not a reverse (-R) run: {}", v["start"]);
+    intervals_of(&v["intervals"])
+}
+
 /// The receiver's intervals in an iperf3 client's JSON (`--get-server-output`).
 fn receiver_side(v: &Value) -> Vec<Interval> {
-    v["server_output_json"]["intervals"]
+    intervals_of(&v["server_output_json"]["intervals"])
+}
+
+/// The summed intervals of one side of an iperf3 run (its JSON's `intervals` array).
+fn intervals_of(intervals: &Value) -> Vec<Interval> {
+    intervals
         .as_array()
-        .unwrap_or_else(|| panic!("no receiver intervals in {v}"))
+        .unwrap_or_else(|| panic!("no intervals in {intervals}"))
         .iter()
         .map(|i| {
             let s = &i["sum"];
@@ -406,9 +438,10 @@ pub fn monotonic_secs() -> f64 {
 /// The tc commands that build on `dev` the tree a hand-written HTB script would make from
 /// `config` (its first interface): one HTB class per class (minor 10 + position), the same
 /// rates, ceilings and priorities, an `fq_codel` under each leaf (as SQM scripts and most
-/// current guides do), u32 filters for the rules in file order, unmatched traffic to the
-/// default class. Panics on a rule it cannot express (port ranges, marks) or a class weight,
-/// rather than build a different tree.
+/// current guides do; with the class's CoDel target and interval), u32 filters for the rules
+/// in file order (IPv4 and IPv6), unmatched traffic to the default class. Panics on a rule it
+/// cannot express (port ranges, marks, lengths, TCP flags, ICMP types, MAC addresses) or a
+/// class weight, rather than build a different tree.
 #[must_use]
 pub fn htb_fq_codel_commands(config: &shaper::config::Config, dev: &str) -> Vec<String> {
     let iface = &config.interfaces[0];
@@ -431,11 +464,21 @@ pub fn htb_fq_codel_commands(config: &shaper::config::Config, dev: &str) -> Vec<
     }
     for c in &config.classes {
         if !config.classes.iter().any(|x| x.parent.as_deref() == Some(c.name.as_str())) {
-            cmds.push(format!("tc qdisc add dev {dev} parent 1:{} fq_codel", minor(&c.name)));
+            // A class's own CoDel parameters (a slow line's longer target) go to its fq_codel;
+            // fq_codel's defaults are shaper's (5 ms, 100 ms).
+            let codel = match c.aqm {
+                Some(aqm) if aqm != shaper::config::DEFAULT_AQM => {
+                    format!(" target {}us interval {}us", aqm.target.as_micros(), aqm.interval.as_micros())
+                }
+                _ => String::new(),
+            };
+            cmds.push(format!("tc qdisc add dev {dev} parent 1:{} fq_codel{codel}", minor(&c.name)));
         }
     }
     for (k, r) in config.rules.iter().enumerate() {
         assert!(r.mark.is_none(), "rule {k}: a mark is not translated to u32");
+        let untranslated = r.len.is_some() || r.tcp_flags.is_some() || r.icmp_type.is_some() || r.src_mac.is_some();
+        assert!(!untranslated, "rule {k}: len, tcp_flags, icmp_type and src_mac are not translated to u32");
         let v6 = matches!(r.src.or(r.dst), Some(ipnet::IpNet::V6(_)));
         let v4 = matches!(r.src.or(r.dst), Some(ipnet::IpNet::V4(_)));
         // One filter per family the rule can match, each at its own prio (a prio holds one
@@ -1000,4 +1043,236 @@ impl Topology {
             LinkWindow::new(b1 - b0, t1 - t0, busy1 - busy0, idle1 - idle0)
         })
     }
+}
+
+// ---- IPv6 on the same topology. ----
+
+/// The server's IPv6 address, once [`Topology::add_ipv6`] gave it one.
+pub const SERVER6: &str = "fd00:2::2";
+/// The gateway's IPv6 address on the server's side.
+const GATEWAY6_WAN: &str = "fd00:2::1";
+
+impl Topology {
+    /// Gives the topology IPv6 as well: the CIDRs `gw_lan` on the gateway's `lan_if` (the
+    /// first is the clients' router) and `clients` on the LAN namespace's side, `fd00:2::1/64`
+    /// and [`SERVER6`]`/64` across `wan_if`, forwarding on the gateway, default routes both
+    /// ways. The addresses skip duplicate address detection (`nodad`), which would hold them
+    /// unusable for a second or more; this waits until every client reaches the server.
+    pub fn add_ipv6(&self, lan_if: &str, wan_if: &str, gw_lan: &[&str], clients: &[&str]) {
+        let add = |ns: &Netns, dev: &str, cidr: &str| ns.sh(&["ip", "-6", "addr", "add", cidr, "dev", dev, "nodad"]);
+        for cidr in gw_lan {
+            add(&self.gw, lan_if, cidr);
+        }
+        for cidr in clients {
+            add(&self.lan, "eth0", cidr);
+        }
+        add(&self.gw, wan_if, &format!("{GATEWAY6_WAN}/64"));
+        add(&self.srv, "eth0", &format!("{SERVER6}/64"));
+        self.gw.sh(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+        let router = gw_lan.first().and_then(|c| c.split('/').next()).expect("a gateway address on the LAN");
+        self.lan.sh(&["ip", "-6", "route", "add", "default", "via", router]);
+        self.srv.sh(&["ip", "-6", "route", "add", "default", "via", GATEWAY6_WAN]);
+        for cidr in clients {
+            let src = cidr.split('/').next().expect("an address");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let out = self
+                    .lan
+                    .command("ping")
+                    .args(["-6", "-n", "-c", "1", "-W", "1", "-I", src, SERVER6])
+                    .output()
+                    .expect("running ping");
+                if out.status.success() {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{src} does not reach {SERVER6} over IPv6 after 10 s: {}",
+                    String::from_utf8_lossy(&out.stdout)
+                );
+                sleep(Duration::from_millis(100));
+            }
+        }
+    }
+
+    /// Extends [`Self::delay_server_tcp`]'s delay (call that first) to the server's IPv6 TCP
+    /// packets.
+    pub fn delay_server_tcp6(&self) {
+        self.srv.sh(&[
+            "tc", "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ipv6", "prio", "2", "u32", "match",
+            "ip6", "protocol", "6", "0xff", "flowid", "1:3",
+        ]);
+    }
+}
+
+// ---- Short TCP transactions ("page fetches"), timed from inside the namespaces. ----
+
+/// What a page server serves: `bytes` bytes per connection, on `server`'s `port`.
+#[derive(Clone, Debug)]
+pub struct Pages {
+    pub server: String,
+    pub port: u16,
+    pub bytes: usize,
+}
+
+impl Topology {
+    /// Serves [`Pages`] in the server namespace until [`PageServer::finish`], one connection
+    /// at a time: it reads the request line, sends the page and closes. Returns once it
+    /// listens.
+    #[must_use]
+    pub fn page_server(&self, pages: &Pages) -> PageServer {
+        let pages = pages.clone();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let stopped = std::sync::Arc::clone(&stop);
+        let handle = spawn_in(&self.srv, move || {
+            let addr = (pages.server.as_str(), pages.port);
+            let listener = std::net::TcpListener::bind(addr).unwrap_or_else(|e| panic!("listening on {addr:?}: {e}"));
+            listener.set_nonblocking(true).expect("a non-blocking listener");
+            let _ = ready_tx.send(());
+            serve_pages(&listener, pages.bytes, &stopped)
+        });
+        if ready_rx.recv().is_err() {
+            std::panic::resume_unwind(handle.join().expect_err("the page server stopped before it listened"));
+        }
+        PageServer { handle, stop }
+    }
+
+    /// Fetches [`Pages`] from `src` in the LAN namespace, one after another with `pause`
+    /// seconds between them, from `from` until `until` (`CLOCK_MONOTONIC`, seconds).
+    /// Returns each fetch's time from `connect` to the page's last byte, seconds.
+    #[must_use]
+    pub fn page_fetches(
+        &self,
+        pages: &Pages,
+        src: &str,
+        from: f64,
+        until: f64,
+        pause: f64,
+    ) -> std::thread::JoinHandle<Vec<f64>> {
+        let pages = pages.clone();
+        let src: std::net::IpAddr = src.parse().unwrap_or_else(|e| panic!("source address {src}: {e}"));
+        spawn_in(&self.lan, move || {
+            use std::io::{Read as _, Write as _};
+            let server: std::net::IpAddr = pages.server.parse().expect("the server's address");
+            let dst = std::net::SocketAddr::new(server, pages.port);
+            let mut times = Vec::new();
+            let mut buf = vec![0u8; 65536];
+            sleep_until(from);
+            while monotonic_secs() < until {
+                let began = monotonic_secs();
+                let mut stream =
+                    tcp_connect_from(src, dst).unwrap_or_else(|e| panic!("connecting {src} to {dst}: {e}"));
+                stream.set_read_timeout(Some(Duration::from_secs(10))).expect("a read timeout");
+                stream.write_all(b"GET\n").expect("sending the request");
+                let mut got = 0;
+                loop {
+                    let n = stream.read(&mut buf).unwrap_or_else(|e| panic!("fetching from {dst}: {e}"));
+                    if n == 0 {
+                        break;
+                    }
+                    got += n;
+                }
+                assert_eq!(got, pages.bytes, "a short page from {dst}");
+                times.push(monotonic_secs() - began);
+                sleep(Duration::from_secs_f64(pause));
+            }
+            times
+        })
+    }
+}
+
+/// A page server started by [`Topology::page_server`].
+pub struct PageServer {
+    handle: std::thread::JoinHandle<u64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl PageServer {
+    /// Stops the server (after the page it may be sending) and returns how many it served.
+    #[must_use]
+    pub fn finish(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
+    }
+}
+
+/// The page server's loop: see [`Topology::page_server`].
+fn serve_pages(listener: &std::net::TcpListener, bytes: usize, stop: &std::sync::atomic::AtomicBool) -> u64 {
+    use std::io::{BufRead as _, Write as _};
+    let page = vec![0x5a; bytes];
+    let mut served = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                stream.set_nonblocking(false).expect("a blocking connection");
+                stream.set_read_timeout(Some(Duration::from_secs(5))).expect("a read timeout");
+                let mut request = String::new();
+                let mut reader = std::io::BufReader::new(&stream);
+                if reader.read_line(&mut request).is_ok_and(|n| n > 0) && (&stream).write_all(&page).is_ok() {
+                    served += 1;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => sleep(Duration::from_millis(1)),
+            Err(e) => panic!("accepting a page fetch: {e}"),
+        }
+    }
+    served
+}
+
+/// A TCP connection from the local address `src` (bound before `connect`, so that the packets
+/// carry it whatever the routes would pick) to `dst`.
+fn tcp_connect_from(src: std::net::IpAddr, dst: std::net::SocketAddr) -> std::io::Result<std::net::TcpStream> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    let family = if src.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: socket(2) with constant arguments; the descriptor is owned right below.
+    let raw = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let (local, local_len) = sockaddr(std::net::SocketAddr::new(src, 0));
+    // SAFETY: bind(2) with a sockaddr of `local_len` bytes.
+    if unsafe { libc::bind(fd.as_raw_fd(), (&raw const local).cast(), local_len) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let (remote, remote_len) = sockaddr(dst);
+    // SAFETY: connect(2) with a sockaddr of `remote_len` bytes.
+    if unsafe { libc::connect(fd.as_raw_fd(), (&raw const remote).cast(), remote_len) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(std::net::TcpStream::from(fd))
+}
+
+/// `addr` as the C socket address the socket calls take, and its length.
+fn sockaddr(addr: std::net::SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all zeros is a valid sockaddr_storage (an unspecified family).
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        std::net::SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::sa_family_t::try_from(libc::AF_INET).expect("a family"),
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than, and aligned for, every sockaddr type.
+            unsafe { std::ptr::write((&raw mut storage).cast::<libc::sockaddr_in>(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        std::net::SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::sa_family_t::try_from(libc::AF_INET6).expect("a family"),
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_scope_id: 0,
+            };
+            // SAFETY: as above.
+            unsafe { std::ptr::write((&raw mut storage).cast::<libc::sockaddr_in6>(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, libc::socklen_t::try_from(len).expect("a small socket address"))
 }

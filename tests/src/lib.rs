@@ -229,9 +229,8 @@ pub fn loopback_datapath(rules: &[shaper::rules::RuleSpec], default_class: u32) 
     let iface = shaper_common::IfaceConfig {
         slot: 0,
         default_class,
-        overhead: 0,
         flags: shaper_common::IFACE_ENABLED,
-        link_bytes: 0,
+        ..shaper_common::IfaceConfig::default()
     };
     dp.set_iface(LO, iface).expect("setting the loopback interface");
     dp.load_rules(&shaper::rules::compile(rules).expect("compiling rules")).expect("loading rules");
@@ -240,6 +239,11 @@ pub fn loopback_datapath(rules: &[shaper::rules::RuleSpec], default_class: u32) 
 
 /// Runs the datapath's program on `packet` with the given skb fields, `repeat` times.
 pub fn run(dp: &Datapath, packet: &[u8], ctx: SkbCtx, repeat: u32) -> RunResult {
+    run_at(dp, shaper::bpf::Hook::Egress, packet, ctx, repeat)
+}
+
+/// Runs the datapath's program for `hook` on `packet` (see [`run`]).
+pub fn run_at(dp: &Datapath, hook: shaper::bpf::Hook, packet: &[u8], ctx: SkbCtx, repeat: u32) -> RunResult {
     let ctx_in = ctx.to_bytes();
     let mut ctx_out = [0u8; SKB_SIZE];
     let mut data_out = vec![0u8; packet.len() + 256];
@@ -252,7 +256,7 @@ pub fn run(dp: &Datapath, packet: &[u8], ctx: SkbCtx, repeat: u32) -> RunResult 
         ..TestRunOptions::default()
     };
     let r = dp
-        .program()
+        .program_at(hook)
         .test_run(opts)
         .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on a {}-byte packet with {ctx:?}: {e:?}", packet.len()));
     data_out.truncate(r.data_size_out as usize);

@@ -9,7 +9,12 @@
 //! - Link layer: an Ethernet header with at most one 802.1Q or 802.1ad tag; on an interface
 //!   without a link layer (`IFACE_L3`) the packet starts with its IP header, whose version
 //!   nibble says which. A packet too short for its link header, or whose version nibble is
-//!   neither 4 nor 6 on such an interface, is malformed.
+//!   neither 4 nor 6 on such an interface, is malformed. The Ethernet source address is a
+//!   field of every packet that has an Ethernet header.
+//! - PPPoE: behind the Ethernet header (and its tag), a session frame (ethertype 0x8864)
+//!   whose 8-byte PPPoE and PPP header is cut short is malformed; with version/type 0x11,
+//!   code 0 and PPP protocol 0x0021 or 0x0057, its IPv4 or IPv6 packet follows and is read as
+//!   any other; any other session frame is not IP.
 //! - A frame of another ethertype (ARP, MPLS, a second VLAN tag...) is not IP: it has no
 //!   addresses, protocol 0 and DSCP 0, so only rules on the fwmark can match it.
 //! - IP header: a truncated fixed header, a version that is not the ethertype's, an IPv4 IHL
@@ -17,7 +22,13 @@
 //!   packet is classified on its addresses, protocol and DSCP whatever follows.
 //! - Ports: read from a TCP header (whole 20 bytes present, data offset at least 5 words) or a
 //!   UDP header (8 bytes) behind a complete IP header: IPv4 options must all be present, the
-//!   packet must be a first fragment (or not fragmented). Absent otherwise.
+//!   packet must be a first fragment (or not fragmented). Absent otherwise. The TCP flags are
+//!   read with the ports; the segment has no payload when its IP length ends where its TCP
+//!   header does. The ICMP type is read under the same conditions from an ICMP header
+//!   (IPv4, protocol 1) or an `ICMPv6` header (IPv6, next header 58) whose first 4 bytes are
+//!   present.
+//! - Length: an IP packet's IPv4 total length, or IPv6 payload length plus 40 (for a payload
+//!   length of 0, a jumbogram's, the packet's length from its IP header on), at most 65535.
 //! - IPv6 extension headers: hop-by-hop, routing, destination options, fragment and AH are
 //!   followed, at most [`V6_EXT_HEADERS_FOLLOWED`] of them. A header is followed when the
 //!   fields the walk needs can be read: its next-header and length bytes (its first two), and
@@ -43,16 +54,19 @@ const ETHERTYPE_IPV4: u16 = 0x0800;
 const ETHERTYPE_IPV6: u16 = 0x86dd;
 const ETHERTYPE_VLAN: u16 = 0x8100;
 const ETHERTYPE_QINQ: u16 = 0x88a8;
+const ETHERTYPE_PPPOE_SESSION: u16 = 0x8864;
 
+const PROTO_ICMP: u8 = 1;
 const PROTO_TCP: u8 = 6;
 const PROTO_UDP: u8 = 17;
+const PROTO_ICMPV6: u8 = 58;
 
 /// The fields a packet is classified on, or `None` when it is malformed. `l3`: the interface has
 /// no link-layer header (the packet starts with its IP header).
 #[must_use]
 pub fn parse(packet: &[u8], l3: bool, mark: u32) -> Option<PacketFields> {
     let bytes = Bytes(packet);
-    let not_ip = PacketFields { mark, ..PacketFields::default() };
+    let mut not_ip = PacketFields { mark, ..PacketFields::default() };
     let (ethertype, ip_at) = if l3 {
         match bytes.u8(0)? >> 4 {
             4 => (ETHERTYPE_IPV4, 0),
@@ -60,22 +74,43 @@ pub fn parse(packet: &[u8], l3: bool, mark: u32) -> Option<PacketFields> {
             _ => return None,
         }
     } else {
-        match bytes.u16(12)? {
+        let (ethertype, at) = match bytes.u16(12)? {
             ETHERTYPE_VLAN | ETHERTYPE_QINQ => (bytes.u16(16)?, 18),
             other => (other, 14),
+        };
+        not_ip.src_mac = Some(bytes.slice(6, 6)?.try_into().expect("6 bytes"));
+        if ethertype == ETHERTYPE_PPPOE_SESSION {
+            let h = bytes.slice(at, 8)?;
+            let inner = match (h[0], h[1], u16::from_be_bytes([h[6], h[7]])) {
+                (0x11, 0, 0x0021) => ETHERTYPE_IPV4,
+                (0x11, 0, 0x0057) => ETHERTYPE_IPV6,
+                _ => 0,
+            };
+            (inner, at + 8)
+        } else {
+            (ethertype, at)
         }
     };
-    let ip = match ethertype {
-        ETHERTYPE_IPV4 => ipv4(bytes, ip_at)?,
-        ETHERTYPE_IPV6 => ipv6(bytes, ip_at)?,
+    let (ip, icmp) = match ethertype {
+        ETHERTYPE_IPV4 => (ipv4(bytes, ip_at)?, PROTO_ICMP),
+        ETHERTYPE_IPV6 => (ipv6(bytes, ip_at)?, PROTO_ICMPV6),
         _ => return Some(not_ip),
     };
+    let ports = ip.transport.and_then(|at| ports(bytes, at, ip.proto));
+    let tcp =
+        ip.transport.filter(|_| ip.proto == PROTO_TCP).and_then(|at| bytes.slice(at, 20)).filter(|t| t[12] >> 4 >= 5);
+    let tcp_end = tcp.map(|t| ip.transport.expect("read") + usize::from(t[12] >> 4) * 4);
+    let icmp_type = ip.transport.filter(|_| ip.proto == icmp).and_then(|at| bytes.slice(at, 4)).map(|h| h[0]);
     Some(PacketFields {
         src: Some(ip.src),
         dst: Some(ip.dst),
         proto: ip.proto,
         dscp: ip.dscp,
-        ports: ip.transport.and_then(|at| ports(bytes, at, ip.proto)),
+        ports,
+        len: Some(ip.len),
+        tcp_flags: tcp.map(|t| t[13]),
+        tcp_no_payload: tcp_end.is_some_and(|end| end - ip_at == usize::from(ip.len)),
+        icmp_type,
         ..not_ip
     })
 }
@@ -86,6 +121,8 @@ struct Ip {
     dst: IpAddr,
     proto: u8,
     dscp: u8,
+    /// The IP length (see the module's documentation).
+    len: u16,
     /// Where the transport header starts, when it is there to be read (complete IP header,
     /// first fragment).
     transport: Option<usize>,
@@ -106,6 +143,7 @@ fn ipv4(bytes: Bytes, at: usize) -> Option<Ip> {
         dst: IpAddr::V4(Ipv4Addr::new(header[16], header[17], header[18], header[19])),
         proto: header[9],
         dscp: header[1] >> 2,
+        len: u16::try_from(total_len).expect("a 16-bit field"),
         transport: (fragment_offset == 0 && options_present).then_some(at + header_len),
     })
 }
@@ -134,7 +172,12 @@ fn ipv6(bytes: Bytes, at: usize) -> Option<Ip> {
         ChainEnd::Upper { proto, at } => (proto, Some(at)),
         ChainEnd::GaveUp { proto } => (proto, None),
     };
-    Some(Ip { src: address(8), dst: address(24), proto, dscp: traffic_class >> 2, transport })
+    let len = match u16::from_be_bytes([header[4], header[5]]) {
+        0 => bytes.0.len() - at,
+        payload => usize::from(payload) + 40,
+    };
+    let len = u16::try_from(len).unwrap_or(u16::MAX);
+    Some(Ip { src: address(8), dst: address(24), proto, dscp: traffic_class >> 2, len, transport })
 }
 
 /// Follows the extension headers from `first` (the IPv6 header's next header) at `at`.
@@ -215,7 +258,14 @@ mod tests {
         assert_eq!((udp.proto, udp.ports), (17, Some((1, 2))));
         // Without a link layer, the same IP packet.
         let l3 = parse(&v4(&Frame::default(), TCP)[14..], true, 7).unwrap();
-        assert_eq!(l3, PacketFields { dscp: 0, ..p });
+        assert_eq!(l3, PacketFields { dscp: 0, src_mac: None, ..p });
+        assert_eq!(p.src_mac, Some([2, 0, 0, 0, 0, 1]));
+        // The builder's TCP header: ACK with 12 bytes of options, 64 bytes of payload.
+        assert_eq!((p.len, p.tcp_flags, p.tcp_no_payload, p.icmp_type), (Some(20 + 32 + 64), Some(0x10), false, None));
+        let ack = parse(&v4(&Frame { payload: 0, ..Frame::default() }, TCP), false, 0).unwrap();
+        assert_eq!((ack.len, ack.tcp_flags, ack.tcp_no_payload), (Some(52), Some(0x10), true));
+        let ping = parse(&v6(&[], L4::Icmp), false, 0).unwrap();
+        assert_eq!((ping.proto, ping.icmp_type, ping.len), (1, None, Some(40 + 8 + 64)), "ICMP's number in IPv6");
     }
 
     #[test]
@@ -228,7 +278,26 @@ mod tests {
         assert_eq!(parse(&fragment, false, 0).unwrap().ports, None);
         assert_eq!(parse(&good[..14 + 19], false, 0), None);
         let arp = [&good[..12], &[0x08, 0x06], &[0; 28]].concat();
-        assert_eq!(parse(&arp, false, 5), Some(PacketFields { mark: 5, ..PacketFields::default() }));
+        assert_eq!(
+            parse(&arp, false, 5),
+            Some(PacketFields { mark: 5, src_mac: Some([2, 0, 0, 0, 0, 1]), ..PacketFields::default() })
+        );
+    }
+
+    #[test]
+    fn pppoe_sessions_carry_ip() {
+        let plain = v4(&Frame::default(), TCP);
+        // PPPoE session header (version/type 0x11, code 0, session 1, length) and PPP's IPv4.
+        let pppoe = |ppp: [u8; 2]| {
+            let mut p = plain.clone();
+            p[12..14].copy_from_slice(&[0x88, 0x64]);
+            p.splice(14..14, [0x11, 0, 0, 1, 0, 0, ppp[0], ppp[1]]);
+            p
+        };
+        assert_eq!(parse(&pppoe([0, 0x21]), false, 0), parse(&plain, false, 0));
+        let lcp = parse(&pppoe([0xc0, 0x21]), false, 0).unwrap();
+        assert_eq!((lcp.src, lcp.len), (None, None), "LCP is not IP");
+        assert_eq!(parse(&pppoe([0, 0x21])[..21], false, 0), None, "a PPPoE header cut short");
     }
 
     #[test]

@@ -3,9 +3,11 @@
 //! (`shaper_tests::reference`) and the rules' specification (`shaper::rules::first_match`).
 //!
 //! Each case is a random rule set (IPv4 and IPv6 networks, protocols, port ranges, marks, DSCP,
-//! a rule now and then on another interface) and a few dozen packets: well-formed ones from the
-//! builders (VLAN tags, IPv4 options and fragments, IPv6 extension header chains, TCP, UDP,
-//! ICMP, other protocols, other ethertypes), on an Ethernet or a link-layer-less interface, then
+//! IP length ranges, TCP flags, ICMP types, source MACs, a rule now and then on another
+//! interface) and a few dozen packets: well-formed ones from the builders (VLAN tags, PPPoE
+//! sessions, IPv4 options and fragments, IPv6 extension header chains, TCP with random flags,
+//! UDP, ICMP and `ICMPv6` of random types, other protocols, other ethertypes), on an Ethernet
+//! or a link-layer-less interface, then
 //! damaged (cut at random lengths, bytes flipped or overwritten, garbage appended), and plain
 //! garbage. For every packet the program must return `TC_ACT_OK` (the classes are unpaced, or
 //! paced far above what a test sends, so nothing is dropped), exactly one class must count it,
@@ -35,7 +37,7 @@ use proptest::{
 };
 use shaper::{
     bpf::Datapath,
-    rules::{first_match, PacketFields, RuleSpec},
+    rules::{first_match, PacketFields, RuleSpec, TcpFlags},
 };
 use shaper_common::{ClassConfig, IfaceConfig, IFACE_ENABLED, IFACE_L3};
 use shaper_tests::{ipv4, ipv4_checksum, ipv6, loopback_datapath, reference, Frame, L4, LO, TC_ACT_OK};
@@ -65,9 +67,19 @@ fn the_datapath_classifies_random_and_damaged_packets_as_the_model_does() {
     });
     let stats = stats.into_inner();
     println!(
-        "{} packets run ({} malformed by the model, {} not IP, {} with ports, {} matched a rule); \
-         {} refused by BPF_PROG_TEST_RUN itself",
-        stats.run, stats.malformed, stats.not_ip, stats.with_ports, stats.matched, stats.refused
+        "{} packets run ({} malformed by the model, {} not IP, {} with ports, {} matched a rule; \
+         {} IP in PPPoE, {} TCP without payload, {} with an ICMP type, {} matched a rule on \
+         length, TCP flags, ICMP type or MAC); {} refused by BPF_PROG_TEST_RUN itself",
+        stats.run,
+        stats.malformed,
+        stats.not_ip,
+        stats.with_ports,
+        stats.matched,
+        stats.pppoe_ip,
+        stats.tcp_no_payload,
+        stats.icmp,
+        stats.matched_new,
+        stats.refused
     );
     if let Err(e) = result {
         panic!("{e}");
@@ -75,6 +87,7 @@ fn the_datapath_classifies_random_and_damaged_packets_as_the_model_does() {
     // The generator must reach every outcome, or the comparison says little.
     assert!(stats.run >= u64::from(CASES) * 16, "too few packets run: {stats:?}");
     assert!(stats.malformed > 0 && stats.not_ip > 0 && stats.with_ports > 0 && stats.matched > 0, "{stats:?}");
+    assert!(stats.pppoe_ip > 0 && stats.tcp_no_payload > 0 && stats.icmp > 0 && stats.matched_new > 0, "{stats:?}");
 }
 
 fn runner_config() -> Config {
@@ -98,6 +111,12 @@ struct Tally {
     not_ip: u64,
     with_ports: u64,
     matched: u64,
+    /// IP packets inside a PPPoE session, as the model reads them.
+    pppoe_ip: u64,
+    tcp_no_payload: u64,
+    icmp: u64,
+    /// Packets whose matching rule tests the length, TCP flags, ICMP type or source MAC.
+    matched_new: u64,
 }
 
 /// One packet of a case: how it is built, damaged, and sent.
@@ -107,6 +126,14 @@ struct Shot {
     l3: bool,
     mark: u32,
     base: Base,
+    /// The last byte of the Ethernet source address.
+    mac: u8,
+    /// A PPPoE session header put in front of the IP packet (on an Ethernet interface): its
+    /// code and PPP protocol.
+    pppoe: Option<(u8, u16)>,
+    /// The TCP flags byte (of a TCP packet), or the ICMP type (of an ICMP packet, or of an
+    /// IPv6 packet of next header 58, whose first payload byte it sets).
+    l4_byte: u8,
     damage: Vec<Damage>,
 }
 
@@ -210,8 +237,35 @@ fn network(v6: bool) -> BoxedStrategy<IpNet> {
     }
 }
 
+/// TCP flag bytes the packets carry and the rules test: SYN, SYN-ACK, ACK, PSH-ACK, FIN-ACK,
+/// RST, ACK with ECE, SYN with ECE and CWR.
+const TCP_FLAG_BYTES: [u8; 8] = [0x02, 0x12, 0x10, 0x18, 0x11, 0x04, 0x50, 0xc2];
+
+fn tcp_flags() -> impl Strategy<Value = TcpFlags> {
+    prop_oneof![
+        // As the configuration writes them: exact on the six flags but ECN's, pure ACKs.
+        2 => select(TCP_FLAG_BYTES.to_vec()).prop_map(|v| TcpFlags { value: v & 0x3f, mask: 0x3f, no_payload: false }),
+        1 => Just(TcpFlags { value: 0x10, mask: 0x3f, no_payload: true }),
+        1 => (any::<u8>(), any::<u8>(), any::<bool>())
+            .prop_map(|(v, mask, no_payload)| TcpFlags { value: v & mask, mask, no_payload }),
+    ]
+}
+
+/// Lengths near the builders' packets' (a 20-byte IPv4 header, 32 bytes of TCP, up to 40 of
+/// payload, options and extension headers).
+fn length() -> impl Strategy<Value = u16> {
+    prop_oneof![3 => 20u16..200, 1 => select(vec![0u16, 52, 63, 64, 72, 65535]), 1 => any::<u16>()]
+}
+
 fn rule() -> impl Strategy<Value = RuleSpec> {
     let range = || (port(), port()).prop_map(|(a, b)| (a.min(b), a.max(b)));
+    let lengths = (length(), length()).prop_map(|(a, b)| (a.min(b), a.max(b)));
+    // Fields of the transport header and link: at most one of TCP flags and ICMP type.
+    let l4 = prop_oneof![
+        3 => Just((None, None)),
+        1 => tcp_flags().prop_map(|f| (Some(f), None)),
+        1 => prop_oneof![select(vec![0u8, 3, 8, 11, 128, 129, 135]), any::<u8>()].prop_map(|t| (None, Some(t))),
+    ];
     let networks = any::<bool>()
         .prop_flat_map(|v6| (prop::option::weighted(0.4, network(v6)), prop::option::weighted(0.3, network(v6))));
     (
@@ -223,19 +277,30 @@ fn rule() -> impl Strategy<Value = RuleSpec> {
         prop::option::weighted(0.15, select(vec![0u8, 10, 46, 63])),
         0..DEFAULT,
         prop::bool::weighted(0.05),
+        prop::option::weighted(0.2, lengths),
+        l4,
+        prop::option::weighted(0.1, (1u8..4).prop_map(|b| [2, 0, 0, 0, 0, b])),
     )
-        .prop_map(|((src, dst), proto, sport, dport, mark, dscp, class, elsewhere)| RuleSpec {
-            src,
-            dst,
-            proto,
-            sport,
-            dport,
-            mark,
-            dscp,
-            // A rule of another interface must never match on this one.
-            iface_slot: u16::from(elsewhere),
-            ..RuleSpec::new(0, class)
-        })
+        .prop_map(
+            |((src, dst), proto, sport, dport, mark, dscp, class, elsewhere, len, (tcp_flags, icmp_type), src_mac)| {
+                RuleSpec {
+                    src,
+                    dst,
+                    proto,
+                    sport,
+                    dport,
+                    mark,
+                    dscp,
+                    len,
+                    tcp_flags,
+                    icmp_type,
+                    src_mac,
+                    // A rule of another interface must never match on this one.
+                    iface_slot: u16::from(elsewhere),
+                    ..RuleSpec::new(0, class)
+                }
+            },
+        )
 }
 
 fn rule_set() -> impl Strategy<Value = Vec<RuleSpec>> {
@@ -253,6 +318,8 @@ fn l4() -> impl Strategy<Value = L4> {
         3 => (port(), port()).prop_map(|(sport, dport)| L4::Tcp { sport, dport }),
         3 => (port(), port()).prop_map(|(sport, dport)| L4::Udp { sport, dport }),
         1 => Just(L4::Icmp),
+        // ICMPv6 (no header of its own: its first payload byte is the type).
+        1 => Just(L4::Raw(58)),
         1 => prop_oneof![select(PROTOS.to_vec()), any::<u8>()].prop_map(L4::Raw),
     ]
 }
@@ -261,7 +328,8 @@ fn frame() -> impl Strategy<Value = Frame> {
     (
         prop::option::weighted(0.2, any::<u16>()),
         prop_oneof![select(vec![0u8, 46 << 2, (10 << 2) | 1]), any::<u8>()],
-        0usize..40,
+        // No payload now and then: pure ACKs.
+        prop_oneof![1 => Just(0usize), 3 => 0usize..40],
     )
         .prop_map(|(vlan, tos, payload)| Frame { vlan, tos, payload })
 }
@@ -303,13 +371,33 @@ fn damage() -> impl Strategy<Value = Damage> {
 }
 
 fn shot() -> impl Strategy<Value = Shot> {
+    let pppoe = prop_oneof![
+        3 => Just((0u8, 0x0021u16)),
+        3 => Just((0, 0x0057)),
+        1 => (select(vec![0u8, 0x09, 0xa7]), select(vec![0x0021u16, 0x0057, 0xc021, 0x8021, 0x0281])),
+    ];
     (
         prop::bool::weighted(0.2),
         prop_oneof![3 => Just(0u32), 1 => select(vec![1u32, 0x42]), 1 => any::<u32>()],
         base(),
+        1u8..4,
+        prop::option::weighted(0.2, pppoe),
+        prop_oneof![
+            2 => select(TCP_FLAG_BYTES.to_vec()),
+            1 => select(vec![0u8, 3, 8, 11, 128, 129, 135]),
+            1 => any::<u8>()
+        ],
         prop_oneof![2 => Just(Vec::new()), 3 => prop::collection::vec(damage(), 1..4)],
     )
-        .prop_map(|(l3, mark, base, damage)| Shot { l3, mark, base, damage })
+        .prop_map(|(l3, mark, base, mac, pppoe, l4_byte, damage)| Shot {
+            l3,
+            mark,
+            base,
+            mac,
+            pppoe,
+            l4_byte,
+            damage,
+        })
 }
 
 impl Ext {
@@ -355,9 +443,10 @@ fn link_len(frame: &Frame) -> usize {
 }
 
 impl Base {
-    /// The packet, with its link header unless `l3`.
-    fn bytes(&self, l3: bool) -> Vec<u8> {
-        let (packet, link) = match self {
+    /// The packet, with its link header unless `l3`, and where its link header ends. Its
+    /// TCP flags byte, or its ICMP or `ICMPv6` type, is `l4_byte`.
+    fn bytes(&self, l3: bool, l4_byte: u8) -> (Vec<u8>, usize) {
+        let (mut packet, link, transport) = match self {
             Base::V4 { frame, src, dst, l4, options, fragment } => {
                 let mut p = ipv4(frame, *src, *dst, *l4);
                 let ip = link_len(frame);
@@ -375,7 +464,7 @@ impl Base {
                 p[ip + 10..ip + 12].copy_from_slice(&[0, 0]);
                 let sum = ipv4_checksum(&p[ip..ip + 20 + extra]);
                 p[ip + 10..ip + 12].copy_from_slice(&sum.to_be_bytes());
-                (p, ip)
+                (p, ip, Some((ip + 20 + extra, *l4)))
             }
             Base::V6 { frame, src, dst, chain, l4 } => {
                 let mut p = ipv6(frame, *src, *dst, &[], *l4);
@@ -388,8 +477,9 @@ impl Base {
                 let payload = u16::from_be_bytes([p[ip + 4], p[ip + 5]]) + u16::try_from(bytes.len()).unwrap();
                 p[ip + 4..ip + 6].copy_from_slice(&payload.to_be_bytes());
                 p[ip + 6] = chain.first().map_or(proto, |e| e.kind());
+                let transport = ip + 40 + bytes.len();
                 p.splice(ip + 40..ip + 40, bytes);
-                (p, ip)
+                (p, ip, Some((transport, *l4)))
             }
             Base::Other { vlan, ethertype, body } => {
                 let mut p = vec![0x02, 0, 0, 0, 0, 2, 0x02, 0, 0, 0, 0, 1];
@@ -400,20 +490,40 @@ impl Base {
                 p.extend_from_slice(&ethertype.to_be_bytes());
                 let link = p.len();
                 p.extend_from_slice(body);
-                (p, link)
+                (p, link, None)
             }
         };
+        let at = match transport {
+            Some((at, L4::Tcp { .. })) => Some(at + 13),
+            Some((at, L4::Icmp | L4::Raw(58))) => Some(at),
+            _ => None,
+        };
+        if let Some(byte) = at.and_then(|at| packet.get_mut(at)) {
+            *byte = l4_byte;
+        }
         if l3 {
-            packet[link..].to_vec()
+            (packet[link..].to_vec(), 0)
         } else {
-            packet
+            (packet, link)
         }
     }
 }
 
 impl Shot {
     fn packet(&self) -> Vec<u8> {
-        let mut p = self.base.bytes(self.l3);
+        let (mut p, link) = self.base.bytes(self.l3, self.l4_byte);
+        if !self.l3 {
+            p[11] = self.mac;
+            if let Some((code, ppp)) = self.pppoe {
+                // The session header (version/type, code, session id, length) and PPP's
+                // protocol, between the link header and what it carried.
+                let len = u16::try_from(p.len() - link + 2).unwrap_or(u16::MAX);
+                let [l0, l1] = len.to_be_bytes();
+                let [p0, p1] = ppp.to_be_bytes();
+                p[link - 2..link].copy_from_slice(&[0x88, 0x64]);
+                p.splice(link..link, [0x11, code, 0x12, 0x34, l0, l1, p0, p1]);
+            }
+        }
         for d in &self.damage {
             match d {
                 Damage::Cut(at) if p.len() > 14 => p.truncate(14 + at.index(p.len() - 14 + 1)),
@@ -520,7 +630,7 @@ impl Harness {
     fn check(&mut self, rules: &[RuleSpec], packet: &[u8], l3: bool, mark: u32) -> Result<Outcome, TestCaseError> {
         if self.l3 != Some(l3) {
             let flags = if l3 { IFACE_ENABLED | IFACE_L3 } else { IFACE_ENABLED };
-            let iface = IfaceConfig { slot: 0, default_class: DEFAULT, overhead: 0, flags, link_bytes: 0 };
+            let iface = IfaceConfig { slot: 0, default_class: DEFAULT, flags, ..IfaceConfig::default() };
             self.dp.set_iface(LO, iface).expect("setting the interface");
             self.l3 = Some(l3);
         }
@@ -573,7 +683,17 @@ fn check_rule_set(h: &mut Harness, rules: &[RuleSpec], shots: &[Shot], tally: &m
             Some(f) if f.ports.is_some() => tally.with_ports += 1,
             Some(_) => {}
         }
-        tally.matched += u64::from(fields.and_then(|f| first_match(rules, &f)).is_some());
+        if let Some(f) = fields {
+            tally.pppoe_ip += u64::from(shot.pppoe.is_some() && f.src.is_some());
+            tally.tcp_no_payload += u64::from(f.tcp_no_payload);
+            tally.icmp += u64::from(f.icmp_type.is_some());
+        }
+        let rule = fields.and_then(|f| first_match(rules, &f));
+        tally.matched += u64::from(rule.is_some());
+        tally.matched_new +=
+            u64::from(rule.is_some_and(|r| {
+                r.len.is_some() || r.tcp_flags.is_some() || r.icmp_type.is_some() || r.src_mac.is_some()
+            }));
     }
     Ok(())
 }

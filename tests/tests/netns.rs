@@ -10,7 +10,7 @@
 )]
 
 use shaper::{
-    bpf::Datapath,
+    bpf::{Datapath, Hook},
     rules::{compile, RuleSpec},
 };
 use shaper_common::{ClassConfig, IfaceConfig, IFACE_ENABLED};
@@ -48,7 +48,7 @@ fn per_class_counters_match_bytes_that_crossed_the_veth() {
             let ifindex = unsafe { libc::if_nametoindex(c"lan0".as_ptr()) };
             dp.set_iface(
                 ifindex,
-                IfaceConfig { slot: 0, default_class: 3, overhead: 0, flags: IFACE_ENABLED, link_bytes: 0 },
+                IfaceConfig { slot: 0, default_class: 3, flags: IFACE_ENABLED, ..IfaceConfig::default() },
             )
             .unwrap();
             let rules = [rule(0, 1, "10.77.0.1/32"), rule(1, 2, "10.77.0.2/32"), rule(2, 4, "fd77::/64")];
@@ -61,7 +61,7 @@ fn per_class_counters_match_bytes_that_crossed_the_veth() {
                 )
                 .unwrap();
             }
-            dp.attach("lan0").expect("attaching to lan0");
+            dp.attach("lan0", Hook::Egress).expect("attaching to lan0");
             (dp, ifindex)
         })
         .join()
@@ -174,13 +174,13 @@ fn pinned_datapath_is_taken_over_in_place() {
             first
                 .set_iface(
                     ifindex,
-                    IfaceConfig { slot: 0, default_class: 3, overhead: 0, flags: IFACE_ENABLED, link_bytes: 0 },
+                    IfaceConfig { slot: 0, default_class: 3, flags: IFACE_ENABLED, ..IfaceConfig::default() },
                 )
                 .unwrap();
             first.load_rules(&compile(&[rule(0, 1, "10.79.0.1/32")]).unwrap()).unwrap();
             let fast = ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: 1_000_000_000, ..ClassConfig::default() };
             first.set_class(1, fast).unwrap();
-            let (_, took_over) = first.attach("lan0").unwrap();
+            let (_, took_over) = first.attach("lan0", Hook::Egress).unwrap();
             assert!(!took_over);
             gw.sh(&["ping", "-q", "-c", "5", "-i", "0.01", "10.79.0.100"]);
             let counted = first.class_stats(1).unwrap().packets;
@@ -194,7 +194,7 @@ fn pinned_datapath_is_taken_over_in_place() {
             assert!(adopted, "the maps an earlier process pinned are taken over");
             assert!(second.class_stats(1).unwrap().packets >= counted + 5, "shaping went on without a process");
             assert_eq!(second.class_config(1).unwrap(), fast, "the rates are the ones left");
-            let (_, took_over) = second.attach("lan0").unwrap();
+            let (_, took_over) = second.attach("lan0", Hook::Egress).unwrap();
             assert!(took_over, "the pinned link is reused");
             assert_eq!(shaper_tcx_links(), baseline + 1, "no second attachment");
             // A new rule set goes into the bank the first process did not leave active.

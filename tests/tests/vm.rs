@@ -44,6 +44,24 @@ mod links;
 #[path = "vm/upgrades.rs"]
 mod upgrades;
 
+#[path = "vm/nat.rs"]
+mod nat;
+
+#[path = "vm/marking.rs"]
+mod marking;
+
+#[path = "vm/download.rs"]
+mod download;
+
+#[path = "vm/ipv6.rs"]
+mod ipv6;
+
+#[path = "vm/linklayer.rs"]
+mod linklayer;
+
+#[path = "vm/ifb.rs"]
+mod ifb;
+
 fn topology(tag: &str, clients: &[&str]) -> Topology {
     Topology::new(tag, "lan0", "wan0", "10.1.0", clients)
 }
@@ -494,15 +512,16 @@ fn ping(topo: &Topology, src: &str, dst: &str, count: u32) -> Child {
         .unwrap()
 }
 
-fn rtts(child: Child) -> Vec<f64> {
-    let out = child.wait_with_output().unwrap();
+/// The RTTs (ms, sorted) a ping child printed; more than `least` of them.
+fn rtts(child: Child, least: usize) -> Vec<f64> {
+    let out = child.wait_with_output().expect("waiting for ping");
     let text = String::from_utf8_lossy(&out.stdout);
     let mut v: Vec<f64> = text
         .lines()
         .filter_map(|l| l.split("time=").nth(1))
         .filter_map(|t| t.split_whitespace().next()?.parse().ok())
         .collect();
-    assert!(v.len() > 100, "too few ping replies: {text}");
+    assert!(v.len() > least, "too few ping replies: {text}");
     v.sort_by(f64::total_cmp);
     v
 }
@@ -543,7 +562,7 @@ fn latency_run(topo: &Topology) -> Latency {
     let interactive = ping(topo, HOSTS[0], SERVER, 400);
     let in_class = ping(topo, HOSTS[2], SERVER, 400);
     let unshaped = ping(topo, HOSTS[3], GATEWAY, 400);
-    let (interactive, in_class, unshaped) = (rtts(interactive), rtts(in_class), rtts(unshaped));
+    let (interactive, in_class, unshaped) = (rtts(interactive, 100), rtts(in_class, 100), rtts(unshaped, 100));
     let intervals = receiver_intervals(bulk);
     drop(server);
     Latency {
@@ -912,28 +931,38 @@ src = "10.1.0.2"
 ///
 /// [`Datapath::attach_mode`]: shaper::bpf::Datapath::attach_mode
 fn egress_filters(topo: &Topology, iface: &str) -> usize {
-    let out = topo.gw.sh(&["tc", "filter", "show", "dev", iface, "egress"]);
-    let filters = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("shaper_egress")).count();
+    attachments(topo, iface, aya::programs::TcAttachType::Egress)
+}
+
+/// shaper's attachments at `hook` of `iface` in the gateway (see [`egress_filters`]): the
+/// shaper at egress, the LAN-side program that records origins at ingress.
+fn attachments(topo: &Topology, iface: &str, hook: aya::programs::TcAttachType) -> usize {
+    let (at, program) = match hook {
+        aya::programs::TcAttachType::Ingress => ("ingress", shaper_common::INGRESS_PROGRAM_NAME),
+        _ => ("egress", shaper_common::PROGRAM_NAME),
+    };
+    let out = topo.gw.sh(&["tc", "filter", "show", "dev", iface, at]);
+    let filters = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains(program)).count();
     match shaper::bpf::Datapath::attach_mode() {
         shaper::bpf::AttachMode::Clsact => filters,
         shaper::bpf::AttachMode::Tcx => {
             let qdisc = topo.gw.sh(&["tc", "qdisc", "show", "dev", iface]);
             let qdisc = String::from_utf8_lossy(&qdisc.stdout);
             assert!(filters == 0 && !qdisc.contains("clsact"), "clsact on a TCX kernel: {qdisc}");
-            tcx_egress_programs(topo, iface)
+            tcx_programs(topo, iface, hook, program)
         }
     }
 }
 
-/// The programs named `shaper_egress` attached by TCX at egress of `iface` in the gateway.
-fn tcx_egress_programs(topo: &Topology, iface: &str) -> usize {
+/// The programs named `program` attached by TCX at `hook` of `iface` in the gateway.
+fn tcx_programs(topo: &Topology, iface: &str, hook: aya::programs::TcAttachType, program: &str) -> usize {
     std::thread::scope(|s| {
         s.spawn(|| {
             // The interface is looked up by name in the thread's namespace.
             topo.gw.enter();
-            let (_, programs) = aya::programs::SchedClassifier::query_tcx(iface, aya::programs::TcAttachType::Egress)
-                .unwrap_or_else(|e| panic!("querying the TCX programs at egress of {iface}: {e}"));
-            programs.iter().filter(|p| p.name_as_str() == Some(shaper_common::PROGRAM_NAME)).count()
+            let (_, programs) = aya::programs::SchedClassifier::query_tcx(iface, hook)
+                .unwrap_or_else(|e| panic!("querying the TCX programs at {hook:?} of {iface}: {e}"));
+            programs.iter().filter(|p| p.name_as_str() == Some(program)).count()
         })
         .join()
         .expect("the TCX query thread panicked")

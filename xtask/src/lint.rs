@@ -42,7 +42,16 @@ pub fn clippy() -> anyhow::Result<()> {
     util::all_ok(vec![
         (
             "workspace",
-            util::run(&mut util::cargo_at_root(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])),
+            // All features: the VM tests are behind `shaper-tests/vm`.
+            util::run(&mut util::cargo_at_root(&[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--all-features",
+                "--",
+                "-D",
+                "warnings",
+            ])),
         ),
         (EBPF_CRATE, clippy_bpf()),
     ])

@@ -33,6 +33,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "iperf3",
     "iputils-ping",
     "iproute2",
+    // The NAT tests masquerade on the gateway (tests/tests/vm/nat.rs).
+    "nftables",
     "python3-venv",
     // The demo's charts are labelled with DejaVu Sans.
     "fonts-dejavu-core",

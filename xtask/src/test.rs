@@ -29,7 +29,7 @@ const VM_TEST_TARGET: &str = "vm";
 /// The VM tests run on the TCX kernel too: static pacing, a failed start beside a running
 /// shaperd, kill -9 + takeover + upgrade, reload, fq's installation, an upgrade to another map
 /// layout that also drops an interface, and interfaces that come and go. Together they
-/// attach, adopt, replace and remove the TCX link every way shaperd does, in about 6 minutes;
+/// attach, adopt, replace and remove the TCX link every way shaperd does, in about 10 minutes;
 /// the rest (sharing, latency, isolation) is the same datapath whatever attaches it, and runs
 /// on 6.1.
 const TCX_VM_TESTS: &[&str] = &[
@@ -40,6 +40,10 @@ const TCX_VM_TESTS: &[&str] = &[
     "fq_is_installed_over_the_kernel_default_and_restored",
     "upgrades::the_next_shaperd_takes_over_what_it_shapes_and_gives_back_the_rest",
     "links::interfaces_that_come_and_go_are_shaped_again_within_a_second",
+    "nat::behind_a_masquerading_gateway_hosts_are_classified_by_their_own_addresses",
+    // The download redirected to an IFB: act_mirred under clsact, a redirect program under TCX.
+    "ifb::seed_001_on_wan_ingress_through_an_ifb",
+    "ifb::the_ifb_is_handed_over_follows_wan0_and_goes_on_stop",
 ];
 
 /// Options of `cargo xtask test`.

@@ -17,6 +17,12 @@ pub fn describe_changes(old: &Config, new: &Config) -> Vec<String> {
         if o.overhead != n.overhead {
             out.push(format!("interface {}: overhead {} -> {}", n.name, o.overhead, n.overhead));
         }
+        if o.mpu != n.mpu {
+            out.push(format!("interface {}: mpu {} -> {}", n.name, o.mpu, n.mpu));
+        }
+        if o.linklayer != n.linklayer {
+            out.push(format!("interface {}: linklayer {} -> {}", n.name, o.linklayer, n.linklayer));
+        }
     }
     for n in &new.classes {
         let Some(o) = old.class(&n.name) else {
@@ -64,6 +70,23 @@ mod tests {
         assert_eq!(
             changes,
             ["class a: prio 0 -> 3", "class c: added (rate 1mbit, ceil 10mbit, prio 0)", "class b: removed"]
+        );
+    }
+
+    #[test]
+    fn link_layer_changes_are_described() {
+        let old = config(&["a"]);
+        let mut new = old.clone();
+        new.interfaces[0].overhead = 40;
+        new.interfaces[0].mpu = 64;
+        new.interfaces[0].linklayer = crate::config::LinkLayer::Atm;
+        assert_eq!(
+            describe_changes(&old, &new),
+            [
+                "interface lan0: overhead 0 -> 40",
+                "interface lan0: mpu 0 -> 64",
+                "interface lan0: linklayer ethernet -> atm"
+            ]
         );
     }
 }

@@ -37,9 +37,18 @@
 //! rate = "10mbit"        # link capacity: the root of the interface's class tree
 //! default = "guest"      # leaf class of packets that match no rule
 //! overhead = 0           # optional: bytes added per packet for framing, -64..=256
+//! mpu = 0                # optional: least bytes a packet counts, overhead included, 0..=256
+//! linklayer = "ethernet" # optional: "ethernet" (default), "atm" (ADSL: 48-byte cells in 53)
+//!                        # or "ptm" (VDSL2: a byte more per 64)
 //! replace_qdisc = false  # optional: may the daemon replace an existing root qdisc
 //! direction = "upload"   # optional: "upload" (the hosts send: a packet's host is its
 //!                        # source) or "download" (its destination); default "upload"
+//!                        # "ingress": the packets arriving on it are shaped (a WAN's
+//!                        # download, shared by all LAN interfaces), hosts = destinations,
+//!                        # through an IFB device shaperd creates ("ifb-" + the name)
+//! lan = ["lan0"]         # optional, upload only: the interfaces the hosts send from, on a
+//!                        # gateway that translates their addresses here (masquerade):
+//!                        # packets are classified by the source they had there
 //!
 //! [[class]]
 //! name = "alex"
@@ -55,10 +64,15 @@
 //! aqm_interval = "100ms" # optional, 1ms..=10s and above the target, default 100ms
 //! isolation = "host"     # optional: share the class fairly between its "host"s (default),
 //!                        # its "flow"s, or not at all ("none")
+//! set_dscp = "af11"      # optional: the DSCP its packets leave with (0..=63 or a name;
+//!                        # "wash" = 0), ECN bits kept
+//! set_dscp_over = "cs1"  # optional: the DSCP of its packets beyond its guaranteed rate
+//!                        # (a meter at `rate` with a burst of four full frames)
 //!
 //! [[rule]]               # first matching rule wins, in file order
 //! class = "alex"         # a leaf class
-//! src = "192.168.1.110"  # optional: src, dst, proto, sport, dport, mark, dscp
+//! src = "192.168.1.110"  # optional: src, dst, proto, sport, dport, mark, dscp, len,
+//!                        # tcp_flags, icmp_type, src_mac
 //! ```
 //!
 //! Rates use tc's spelling (see [`crate::rate`]). A top-level class's parent rate and
@@ -70,9 +84,18 @@
 //! `icmp`, `icmpv6`, `sctp`, `gre`, `esp`, ...) or a number 0..=255; `sport`/`dport` are a
 //! port (`80` or `"80"`) or an inclusive range (`"3072-4095"`), and need `proto` to be
 //! absent, `tcp` or `udp`; `mark` is the packet's fwmark, an integer `0..=0xffff_ffff`;
-//! `dscp` is 0..=63 or a name (`cs0`..`cs7`, `af11`..`af43`, `ef`, `le`). A rule applies
-//! to the packets leaving its class's interface; a rule with no match field matches every
-//! such packet.
+//! `dscp` is 0..=63 or a name (`cs0`..`cs7`, `af11`..`af43`, `ef`, `le`), IPv4 or IPv6;
+//! `len` is the IP length in bytes (IPv4 total length, IPv6 payload length + 40; one
+//! segment's for a GSO packet), a value or an inclusive range like ports (`"0-63"`);
+//! `tcp_flags` is a list of flag names (`fin`, `syn`, `rst`, `psh`, `ack`, `urg`, `ece`,
+//! `cwr`) that must be exactly the ones set among the first six (`"syn"`, `"syn,ack"`,
+//! `"ack"`), or `FLAGS / MASK` to compare only the flags in MASK (`"syn / syn"`: SYN set), or
+//! `"pure-ack"` (ACK alone and no payload); `icmp_type` is a number or a name
+//! (`echo-request`, ...) of ICMP or `ICMPv6`, as `proto` or the rule's src/dst says;
+//! `src_mac` is the Ethernet source address (`"02:00:00:00:01:10"`), which only the
+//! interface the host's frames reach still carries (not a routed upload interface). A
+//! rule applies to the packets leaving its class's interface; a rule with no match field
+//! matches every such packet.
 
 pub mod diff;
 pub mod edit;
@@ -86,7 +109,7 @@ mod values;
 
 pub use error::ConfigError;
 pub use model::{
-    Aqm, Class, Config, DaemonSettings, Direction, Interface, Isolation, PortRange, Rule, AQM_INTERVAL_RANGE,
-    AQM_TARGET_RANGE, DEFAULT_AQM, DEFAULT_HORIZON, DEFAULT_METRICS_LISTEN, DEFAULT_TICK, HORIZON_RANGE, MAX_CLASSES,
-    MAX_INTERFACES, MAX_PRIO, OVERHEAD_RANGE, TICK_RANGE,
+    Aqm, Class, Config, DaemonSettings, Direction, Interface, Isolation, LinkLayer, Marking, PortRange, Rule,
+    AQM_INTERVAL_RANGE, AQM_TARGET_RANGE, DEFAULT_AQM, DEFAULT_HORIZON, DEFAULT_METRICS_LISTEN, DEFAULT_TICK,
+    HORIZON_RANGE, MAX_CLASSES, MAX_INTERFACES, MAX_PRIO, MPU_RANGE, OVERHEAD_RANGE, TICK_RANGE,
 };

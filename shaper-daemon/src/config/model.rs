@@ -13,6 +13,7 @@ use super::error::ConfigError;
 use super::raw::{syntax_error, LineIndex, RawConfig};
 use super::validate::Validator;
 use crate::rate::Rate;
+use crate::rules::TcpFlags;
 
 /// Most interfaces a configuration may shape (the datapath's interface table size).
 pub const MAX_INTERFACES: usize = shaper_common::MAX_INTERFACES as usize;
@@ -40,6 +41,10 @@ pub const AQM_TARGET_RANGE: RangeInclusive<Duration> = Duration::from_micros(100
 pub const AQM_INTERVAL_RANGE: RangeInclusive<Duration> = Duration::from_millis(1)..=Duration::from_secs(10);
 /// Valid values of an interface's `overhead`, in bytes.
 pub const OVERHEAD_RANGE: RangeInclusive<i32> = -64..=256;
+/// Valid values of an interface's `mpu`, in bytes: CAKE's range. The largest minimum a link
+/// pads to is Ethernet's 84 bytes on the wire (64 and the preamble, SFD and gap), plus what
+/// an encapsulation around it adds.
+pub const MPU_RANGE: RangeInclusive<u32> = 0..=256;
 /// Highest class `prio` (HTB's 8 priorities, 0 served first).
 pub const MAX_PRIO: u8 = 7;
 
@@ -103,6 +108,18 @@ impl Config {
         self.interfaces.iter().find(|i| i.name == name)
     }
 
+    /// The LAN-side interfaces of all upload interfaces (`lan`), each once, in file order.
+    #[must_use]
+    pub fn lan_interfaces(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = Vec::new();
+        for name in self.interfaces.iter().flat_map(|i| &i.lan) {
+            if !names.contains(&name.as_str()) {
+                names.push(name);
+            }
+        }
+        names
+    }
+
     /// Whether `name` is a class without child classes (false for unknown names). Only
     /// leaf classes carry packets: rules and defaults name leaves.
     #[must_use]
@@ -156,10 +173,54 @@ pub struct Interface {
     pub default_class: String,
     /// Bytes added to each packet's length for framing, within [`OVERHEAD_RANGE`].
     pub overhead: i32,
+    /// Least bytes a packet counts, its overhead added (`mpu`), within [`MPU_RANGE`]; 0 by
+    /// default.
+    pub mpu: u32,
+    /// How the line carries each frame (`linklayer`).
+    pub linklayer: LinkLayer,
     /// Whether the daemon may replace an existing root qdisc (`replace_qdisc`).
     pub replace_qdisc: bool,
     /// Which way the interface carries traffic, and so which address is a packet's host.
     pub direction: Direction,
+    /// The LAN-side interfaces of a gateway that translates its hosts' addresses on this
+    /// (upload) interface (`lan`): their packets are classified by the addresses and ports
+    /// they had there. Empty: by what they carry here.
+    pub lan: Vec<String>,
+}
+
+/// How an interface's line carries each frame (`linklayer`): the datapath counts a packet as
+/// the bytes it takes there (`shaper_common::frame_wire_len`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LinkLayer {
+    /// As it is, plus the overhead.
+    #[default]
+    Ethernet,
+    /// ADSL's ATM cells: 48 bytes of payload in 53, the last cell padded.
+    Atm,
+    /// VDSL2's PTM (64b/65b): a byte more per 64 bytes or part of them.
+    Ptm,
+}
+
+impl LinkLayer {
+    /// The value of `IfaceConfig::linklayer`.
+    #[must_use]
+    pub fn datapath(self) -> u32 {
+        match self {
+            LinkLayer::Ethernet => shaper_common::LINKLAYER_ETHERNET,
+            LinkLayer::Atm => shaper_common::LINKLAYER_ATM,
+            LinkLayer::Ptm => shaper_common::LINKLAYER_PTM,
+        }
+    }
+}
+
+impl fmt::Display for LinkLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LinkLayer::Ethernet => "ethernet",
+            LinkLayer::Atm => "atm",
+            LinkLayer::Ptm => "ptm",
+        })
+    }
 }
 
 /// Which way an interface carries traffic (`direction`).
@@ -170,6 +231,17 @@ pub enum Direction {
     Upload,
     /// Towards the hosts: a packet's host is its destination address.
     Download,
+    /// What arrives on the interface is shaped (its download, on a WAN interface), through
+    /// an IFB device that shaperd creates: a packet's host is its destination address.
+    Ingress,
+}
+
+impl Direction {
+    /// Whether a packet's host is its destination address.
+    #[must_use]
+    pub fn towards_hosts(self) -> bool {
+        matches!(self, Direction::Download | Direction::Ingress)
+    }
 }
 
 /// How a class shares its rate among what it carries (`isolation`).
@@ -207,8 +279,20 @@ pub struct Class {
     pub aqm: Option<Aqm>,
     /// How the class shares its rate among its hosts or flows.
     pub isolation: Isolation,
+    /// The DSCP the class's packets leave with.
+    pub marking: Marking,
     /// Line of the class's `[[class]]` header (1-based).
     pub line: usize,
+}
+
+/// The DSCP a class gives its packets; `None`: as they came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Marking {
+    /// Every packet's (`set_dscp`; 0 washes the hosts' marks).
+    pub set: Option<u8>,
+    /// The packets beyond the class's guaranteed rate (`set_dscp_over`): out of profile,
+    /// re-marked to a lower class as a `DiffServ` marker does.
+    pub over: Option<u8>,
 }
 
 /// CoDel's parameters for a class (`aqm_target`, `aqm_interval`).
@@ -243,9 +327,18 @@ pub struct Rule {
     pub mark: Option<u32>,
     /// DSCP code point, `0..=63`.
     pub dscp: Option<u8>,
+    /// IP length range, bytes (see [`crate::rules::PacketFields::len`]).
+    pub len: Option<PortRange>,
+    /// TCP flags; the rule then matches TCP packets only.
+    pub tcp_flags: Option<TcpFlags>,
+    /// ICMP type (IPv4) or `ICMPv6` type (IPv6, when `proto` is icmpv6 or the networks are
+    /// IPv6); the rule then matches that protocol's packets only.
+    pub icmp_type: Option<u8>,
+    /// Ethernet source address (never all zero).
+    pub src_mac: Option<[u8; 6]>,
 }
 
-/// An inclusive range of ports, `start <= end`.
+/// An inclusive range of ports (or of IP lengths, for `len`), `start <= end`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PortRange {
     /// First port of the range.
@@ -294,8 +387,11 @@ mod tests {
                 rate: Rate::from_bits_per_sec(10_000_000),
                 default_class: "guest".into(),
                 overhead: 0,
+                mpu: 0,
+                linklayer: LinkLayer::Ethernet,
                 replace_qdisc: false,
                 direction: Direction::Upload,
+                lan: Vec::new(),
             }]
         );
         assert_eq!(
@@ -311,6 +407,7 @@ mod tests {
                 horizon: Duration::from_millis(200),
                 aqm: Some(DEFAULT_AQM),
                 isolation: Isolation::Host,
+                marking: Marking::default(),
                 line: line_of(&text, "[[class]]", 0),
             }]
         );
@@ -329,6 +426,8 @@ name = "eth0"
 rate = "1gbit"
 default = "leaf"
 overhead = -4
+mpu = 64
+linklayer = "ptm"
 replace_qdisc = true
 
 [[class]]
@@ -355,6 +454,9 @@ sport = 80
 dport = "3072-4095"
 mark = 0x10
 dscp = "AF41"
+len = "0-63"
+tcp_flags = "pure-ack"
+src_mac = "02:00:00:00:01:10"
 "#;
         let config = ok(text);
         assert_eq!(
@@ -367,6 +469,7 @@ dscp = "AF41"
         );
         let iface = &config.interfaces[0];
         assert_eq!((iface.overhead, iface.replace_qdisc), (-4, true));
+        assert_eq!((iface.mpu, iface.linklayer), (64, LinkLayer::Ptm));
         let top = config.class("top").unwrap();
         assert_eq!(top.rate, "500mbit".parse().unwrap());
         assert_eq!(top.ceil, "800mbit".parse().unwrap());
@@ -389,6 +492,10 @@ dscp = "AF41"
                 dport: Some(PortRange { start: 3072, end: 4095 }),
                 mark: Some(16),
                 dscp: Some(34),
+                len: Some(PortRange { start: 0, end: 63 }),
+                tcp_flags: Some(TcpFlags { value: 0x10, mask: 0x3f, no_payload: true }),
+                icmp_type: None,
+                src_mac: Some([2, 0, 0, 0, 1, 0x10]),
             }]
         );
     }
@@ -442,6 +549,72 @@ rate = "2mbit"
         loaded.sort();
         assert!(loaded.contains(&"roommates.toml".to_owned()), "{loaded:?}");
         assert!(loaded.contains(&"office.toml".to_owned()), "{loaded:?}");
+        for seed in ["seed-001-download", "seed-002-diffserv", "seed-003-dsl-uplink", "seed-004-lab"] {
+            assert!(loaded.contains(&format!("{seed}.toml")), "{seed}: {loaded:?}");
+        }
+    }
+
+    /// Each seed's setup says what its script says: the figures the seeds' tables were
+    /// measured with.
+    #[test]
+    fn seed_examples() {
+        let load = |name: &str| {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config").join(name);
+            Config::load(&path).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let classes = |config: &Config| -> Vec<(String, u64, u64, u8)> {
+            config
+                .classes
+                .iter()
+                .map(|c| (c.name.clone(), c.rate.bits_per_sec(), c.ceil.bits_per_sec(), c.prio))
+                .collect()
+        };
+        let owned = |v: &[(&str, u64, u64, u8)]| -> Vec<(String, u64, u64, u8)> {
+            v.iter().map(|&(n, r, c, p)| (n.to_owned(), r, c, p)).collect()
+        };
+
+        let c001 = load("seed-001-download.toml");
+        assert_eq!(c001.interfaces[0].direction, Direction::Download);
+        assert_eq!(classes(&c001), owned(&[("bulk", 200_000, 900_000, 1), ("browsing", 700_000, 900_000, 0)]));
+
+        let c002 = load("seed-002-diffserv.toml");
+        assert_eq!(
+            classes(&c002),
+            owned(&[
+                ("voip", 100_000, 100_000, 0),
+                ("audio", 100_000, 100_000, 1),
+                ("video", 1_100_000, 1_100_000, 2),
+                ("best-effort", 8_000_000, 8_000_000, 3),
+            ])
+        );
+        assert_eq!(c002.class("voip").unwrap().marking.set, Some(46));
+        assert_eq!(c002.class("best-effort").unwrap().marking.set, Some(0));
+        assert_eq!(c002.rules.iter().filter(|r| r.dst.is_some()).count(), 3);
+
+        let c003 = load("seed-003-dsl-uplink.toml");
+        let iface = &c003.interfaces[0];
+        assert_eq!((iface.linklayer, iface.overhead, iface.rate.bits_per_sec()), (LinkLayer::Atm, 18, 608_000));
+        assert_eq!(
+            classes(&c003),
+            owned(&[
+                ("interactive", 53_000, 608_000, 1),
+                ("normal", 371_000, 608_000, 2),
+                ("bulk", 69_000, 608_000, 3),
+                ("p2p", 69_000, 608_000, 4),
+            ])
+        );
+        assert!(c003.rules.iter().any(|r| r.class == "interactive" && r.tcp_flags.is_some()));
+
+        let c004 = load("seed-004-lab.toml");
+        assert_eq!(
+            classes(&c004),
+            owned(&[
+                ("port-5001", 6_000_000, 6_000_000, 0),
+                ("port-5002", 4_000_000, 8_000_000, 1),
+                ("other", 1_000_000, 1_000_000, 2)
+            ])
+        );
+        assert_eq!(c004.rules.iter().filter(|r| r.mark.is_some()).count(), 2);
     }
 
     #[test]

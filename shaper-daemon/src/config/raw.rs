@@ -42,8 +42,11 @@ pub(super) struct RawInterface {
     pub(super) rate: Option<Spanned<Scalar>>,
     pub(super) default: Option<Spanned<String>>,
     pub(super) overhead: Option<Spanned<Integer>>,
+    pub(super) mpu: Option<Spanned<Integer>>,
+    pub(super) linklayer: Option<Spanned<String>>,
     pub(super) replace_qdisc: Option<bool>,
     pub(super) direction: Option<Spanned<String>>,
+    pub(super) lan: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// One `[[class]]` table.
@@ -62,6 +65,8 @@ pub(super) struct RawClass {
     pub(super) aqm_target: Option<Spanned<Scalar>>,
     pub(super) aqm_interval: Option<Spanned<Scalar>>,
     pub(super) isolation: Option<Spanned<String>>,
+    pub(super) set_dscp: Option<Spanned<Scalar>>,
+    pub(super) set_dscp_over: Option<Spanned<Scalar>>,
 }
 
 /// One `[[rule]]` table.
@@ -76,6 +81,10 @@ pub(super) struct RawRule {
     pub(super) dport: Option<Spanned<Scalar>>,
     pub(super) mark: Option<Spanned<Scalar>>,
     pub(super) dscp: Option<Spanned<Scalar>>,
+    pub(super) len: Option<Spanned<Scalar>>,
+    pub(super) tcp_flags: Option<Spanned<String>>,
+    pub(super) icmp_type: Option<Spanned<Scalar>>,
+    pub(super) src_mac: Option<Spanned<String>>,
 }
 
 /// A TOML integer or string, for values that may be written either way.

@@ -1,5 +1,5 @@
 //! Single values: durations, rates, interface and class names, protocols, DSCP code points,
-//! ports, marks and networks, each parsed with a message that says what would be valid; and
+//! ports, marks, networks, IP lengths, TCP flags, ICMP types and MAC addresses, each parsed with a message that says what would be valid; and
 //! the spelling of name lists and rate sums in messages.
 
 use std::fmt::Write as _;
@@ -13,6 +13,7 @@ use super::error::Problem;
 use super::model::PortRange;
 use super::raw::Scalar;
 use crate::rate::{Decimal, Rate, RateSpec, ScaleError};
+use crate::rules::TcpFlags;
 
 /// Longest interface name (`IFNAMSIZ` less the terminating NUL).
 const MAX_IFNAME_LEN: usize = 15;
@@ -346,6 +347,164 @@ pub(super) fn parse_net(text: &str) -> Result<IpNet, Problem> {
                 .with_source(source)
         })
     }
+}
+
+/// An IP length in bytes or an inclusive range of them (`len`): `64`, `"64"`, `"0-63"`.
+pub(super) fn parse_len(value: &Scalar) -> Result<PortRange, Problem> {
+    let valid = "expected a length in bytes (e.g. 64) or an inclusive range \"A-B\" with A <= B, within 0..=65535";
+    let number = |text: &str| -> Result<u16, Problem> {
+        let text = text.trim();
+        if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(Problem::new(format!("invalid length {text:?}; {valid}")));
+        }
+        text.parse::<u16>().map_err(|source| {
+            Problem::new(format!("length {text} is out of range; IP lengths are 0..=65535")).with_source(source)
+        })
+    };
+    match value {
+        Scalar::Int(n) => u16::try_from(*n).map(|len| PortRange { start: len, end: len }).map_err(|source| {
+            Problem::new(format!("length {n} is out of range; IP lengths are 0..=65535")).with_source(source)
+        }),
+        Scalar::Str(text) => {
+            let (start, end) = match text.split_once('-') {
+                Some((start, end)) => (number(start)?, number(end)?),
+                None => (number(text)?, number(text)?),
+            };
+            if start > end {
+                return Err(Problem::new(format!(
+                    "length range {text:?} is reversed; the start must not be above the end: \"{end}-{start}\""
+                )));
+            }
+            Ok(PortRange { start, end })
+        }
+    }
+}
+
+/// TCP flags by name, with their bits in the header's flags byte (RFC 9293, RFC 3168).
+const TCP_FLAGS: [(&str, u8); 8] = [
+    ("fin", 0x01),
+    ("syn", 0x02),
+    ("rst", 0x04),
+    ("psh", 0x08),
+    ("ack", 0x10),
+    ("urg", 0x20),
+    ("ece", 0x40),
+    ("cwr", 0x80),
+];
+/// The flags a list without a mask is compared on: all but ECN's (ECE and CWR ride on any
+/// segment of an ECN connection, SYNs and pure ACKs included).
+const TCP_FLAGS_PLAIN_MASK: u8 = 0x3f;
+/// The shorthand for seed 003's ACK class.
+const PURE_ACK: &str = "pure-ack";
+
+/// `tcp_flags`: `"pure-ack"`, or a list of flag names (`"syn,ack"`), optionally followed by
+/// `/` and a mask list (`"syn / syn,ack"`). A list alone is compared with the six flags but
+/// ECE and CWR; with a mask, the flags in the mask are compared with the list (nftables'
+/// `tcp flags & (syn | ack) == syn`).
+pub(super) fn parse_tcp_flags(text: &str) -> Result<TcpFlags, Problem> {
+    let valid = || {
+        format!(
+            "expected \"{PURE_ACK}\" (ACK alone, no payload), flag names joined by ',' (e.g. \"syn\", \"syn,ack\": exactly those among fin, syn, rst, psh, ack, urg), or FLAGS / MASK (e.g. \"syn / syn,ack\": of the flags in MASK, exactly FLAGS set); flags: {}",
+            list(TCP_FLAGS.iter().map(|&(name, _)| name))
+        )
+    };
+    let bits = |names: &str| -> Result<u8, Problem> {
+        names.split([',', '|']).map(str::trim).filter(|n| !n.is_empty()).try_fold(0u8, |acc, name| {
+            TCP_FLAGS
+                .iter()
+                .find(|(flag, _)| flag.eq_ignore_ascii_case(name))
+                .map(|&(_, bit)| acc | bit)
+                .ok_or_else(|| Problem::new(format!("unknown TCP flag {name:?} in {text:?}; {}", valid())))
+        })
+    };
+    let trimmed = text.trim();
+    if trimmed.eq_ignore_ascii_case(PURE_ACK) {
+        return Ok(TcpFlags { value: 0x10, mask: TCP_FLAGS_PLAIN_MASK, no_payload: true });
+    }
+    let (value, mask) = match trimmed.split_once('/') {
+        Some((value, mask)) => (bits(value)?, bits(mask)?),
+        None => (bits(trimmed)?, TCP_FLAGS_PLAIN_MASK),
+    };
+    if mask == 0 {
+        return Err(Problem::new(format!("tcp_flags {text:?} tests no flag; {}", valid())));
+    }
+    if trimmed.split_once('/').is_none() && value == 0 {
+        return Err(Problem::new(format!("tcp_flags {text:?} names no flag; {}", valid())));
+    }
+    if value & !mask != 0 {
+        let outside = TCP_FLAGS.iter().filter(|&&(_, bit)| value & !mask & bit != 0).map(|&(name, _)| name);
+        return Err(Problem::new(format!(
+            "tcp_flags {text:?}: {} not in the mask, so the rule would never match; add {} to the mask after '/'",
+            list(outside.clone()),
+            list(outside)
+        )));
+    }
+    Ok(TcpFlags { value, mask, no_payload: false })
+}
+
+/// ICMP (IPv4) and `ICMPv6` type names (RFC 792, RFC 4443, RFC 4861).
+const ICMP_TYPES: [(&str, u8); 4] =
+    [("echo-reply", 0), ("destination-unreachable", 3), ("echo-request", 8), ("time-exceeded", 11)];
+const ICMPV6_TYPES: [(&str, u8); 9] = [
+    ("destination-unreachable", 1),
+    ("packet-too-big", 2),
+    ("time-exceeded", 3),
+    ("echo-request", 128),
+    ("echo-reply", 129),
+    ("router-solicitation", 133),
+    ("router-advertisement", 134),
+    ("neighbor-solicitation", 135),
+    ("neighbor-advertisement", 136),
+];
+
+/// `icmp_type`: a number 0..=255 or a name, of ICMP (`v6` false) or `ICMPv6` (`v6` true).
+pub(super) fn parse_icmp_type(value: &Scalar, v6: bool) -> Result<u8, Problem> {
+    let (table, proto): (&[(&str, u8)], &str) = if v6 { (&ICMPV6_TYPES, "icmpv6") } else { (&ICMP_TYPES, "icmp") };
+    let names = || list(table.iter().map(|&(name, _)| name));
+    match value {
+        Scalar::Int(n) => u8::try_from(*n).map_err(|source| {
+            Problem::new(format!("ICMP type {n} is out of range; expected 0..=255 or a {proto} type name: {}", names()))
+                .with_source(source)
+        }),
+        Scalar::Str(text) => {
+            let text = text.trim();
+            if let Some(&(_, number)) = table.iter().find(|(name, _)| name.eq_ignore_ascii_case(text)) {
+                return Ok(number);
+            }
+            text.parse::<u8>().map_err(|source| {
+                Problem::new(format!("unknown {proto} type {text:?}; expected a number 0..=255 or one of {}", names()))
+                    .with_source(source)
+            })
+        }
+    }
+}
+
+/// `src_mac`: six hexadecimal bytes separated by ':' or '-'; not all zero (what a packet
+/// without an Ethernet header has).
+pub(super) fn parse_mac(text: &str) -> Result<[u8; 6], Problem> {
+    let invalid = || {
+        Problem::new(format!(
+            "{text:?} is not a MAC address; expected six hexadecimal bytes separated by ':', e.g. \"02:00:00:00:01:10\""
+        ))
+    };
+    let mut mac = [0u8; 6];
+    let mut parts = text.trim().split([':', '-']);
+    for byte in &mut mac {
+        let part = parts.next().ok_or_else(invalid)?;
+        if part.is_empty() || part.len() > 2 {
+            return Err(invalid());
+        }
+        *byte = u8::from_str_radix(part, 16).map_err(|source| invalid().with_source(source))?;
+    }
+    if parts.next().is_some() {
+        return Err(invalid());
+    }
+    if mac == [0; 6] {
+        return Err(Problem::new(format!(
+            "{text:?} is the all-zero address, which no host sends from (it stands for \"no Ethernet header\" in the datapath); give the host's MAC address"
+        )));
+    }
+    Ok(mac)
 }
 
 #[cfg(test)]

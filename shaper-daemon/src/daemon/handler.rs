@@ -7,6 +7,7 @@ use tracing::{info, instrument, warn};
 use super::{
     handover::Handover,
     ids::{assign_ids, rule_specs},
+    ifb,
     setup::{fq_limits, set_ifaces},
     state::{class_config, trees, ClassEntry, State},
     Shared,
@@ -17,7 +18,7 @@ use crate::{
     config::{
         diff::describe_changes,
         edit::{self, ClassKey, EditError, NewValue},
-        Config,
+        Config, Direction, Interface,
     },
     qdisc::{self, FqLimits},
     rules, ErrorChain,
@@ -64,7 +65,7 @@ impl Shared {
             if was == need {
                 continue;
             }
-            match qdisc::resize_fq(&iface.name, need).await {
+            match qdisc::resize_fq(&ifb::shaped_device(iface), need).await {
                 Ok(true) => changes.push(format!("interface {}: fq {need} (was {was})", iface.name)),
                 Ok(false) => {}
                 Err(e) => warn!(interface = %iface.name, error = %ErrorChain(&e), "fq limits not changed"),
@@ -122,6 +123,19 @@ impl State {
                 old_ifaces.join(", "),
                 new_ifaces.join(", ")
             )));
+        }
+        for (old, iface) in self.config.interfaces.iter().zip(&new.interfaces) {
+            same_ingress(old, iface).map_err(|e| invalid(format!("{}: {e}", new.path.display())))?;
+            if old.lan != iface.lan {
+                return Err(invalid(format!(
+                    "{}: the LAN side of {} would change from [{}] to [{}]; shaperd sets up interfaces when it \
+                     starts: restart it to apply this",
+                    new.path.display(),
+                    iface.name,
+                    old.lan.join(", "),
+                    iface.lan.join(", ")
+                )));
+            }
         }
         let previous: Vec<(&str, u32)> =
             self.config.classes.iter().zip(&self.classes).map(|(c, e)| (c.name.as_str(), e.id)).collect();
@@ -212,4 +226,19 @@ fn edit_error(e: &EditError) -> ApiError {
         }
         _ => ApiError::InvalidConfig { message },
     }
+}
+
+/// Refuses a reload that would make an interface shaped on ingress or no longer so: that
+/// takes an IFB device and a redirect, which shaperd sets up when it starts.
+fn same_ingress(old: &Interface, new: &Interface) -> Result<(), String> {
+    let (was, will) = (old.direction == Direction::Ingress, new.direction == Direction::Ingress);
+    if was == will {
+        return Ok(());
+    }
+    Err(format!(
+        "{} would {} shaped on ingress (through an IFB device); shaperd sets up interfaces when it starts: \
+         restart it to apply this",
+        new.name,
+        if will { "become" } else { "no longer be" }
+    ))
 }

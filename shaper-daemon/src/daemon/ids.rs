@@ -30,6 +30,10 @@ pub fn rule_specs(config: &Config, ids: &[u32]) -> Vec<RuleSpec> {
                 dport: r.dport.map(|p| (p.start, p.end)),
                 mark: r.mark,
                 dscp: r.dscp,
+                len: r.len.map(|l| (l.start, l.end)),
+                tcp_flags: r.tcp_flags,
+                icmp_type: r.icmp_type,
+                src_mac: r.src_mac,
             }
         })
         .collect()

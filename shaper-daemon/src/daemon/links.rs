@@ -39,12 +39,14 @@ use tokio::sync::{watch, Mutex};
 use tracing::{debug, error, info, warn};
 
 use super::{
-    setup::{fq_limits, set_ifaces, Installed},
+    ifb,
+    setup::{fq_limits, set_ifaces, set_up_lan, set_up_redirect, Installed},
     state::State,
-    Shared,
+    DaemonError, Shared,
 };
 use crate::{
-    bpf::{AttachMode, Datapath, FILTER_HANDLE, FILTER_PRIORITY},
+    bpf::{AttachMode, BpfError, Datapath, Hook, FILTER_HANDLE, FILTER_PRIORITY},
+    config::Direction,
     netdev,
     qdisc::{self, FqGuard, QdiscError, RootQdisc},
     ErrorChain,
@@ -132,8 +134,11 @@ fn change(shaped: Option<u32>, current: Option<u32>) -> Option<(Option<u32>, Opt
 /// One configured interface, as this task follows it.
 #[derive(Debug)]
 struct Slot {
-    /// The configured name.
+    /// The name of the device shaped at egress: the configured interface's, or that of its
+    /// IFB device if it is shaped on ingress (see `ifb`).
     name: String,
+    /// The configured name, for the metrics.
+    label: String,
     /// The index of the interface shaped under the name; `None` while shaping is suspended.
     shaped: Option<u32>,
     /// An interface that could not be set up: the sweep leaves it alone (its own events
@@ -143,6 +148,55 @@ struct Slot {
     suspect: bool,
     /// The shaped interface's state at its last event.
     seen: Option<Seen>,
+}
+
+/// One LAN-side interface (`lan`), or one shaped on ingress, as this task follows it: the
+/// program at its ingress is attached again to an interface that takes the name.
+#[derive(Debug)]
+struct LanSlot {
+    name: String,
+    role: Ingress,
+    /// The index of the interface whose origins are recorded; `None` while there is none.
+    index: Option<u32>,
+    /// Whether the last sweep found another interface under the name than `index`.
+    suspect: bool,
+}
+
+/// What the program at the ingress of a [`LanSlot`]'s interface is there for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ingress {
+    /// A LAN-side interface: its packets' origins are recorded.
+    Lan,
+    /// Shaped on ingress: its packets are redirected to the IFB device of configured
+    /// interface `slot` (whose index is `State::ifindexes[slot]`), which the interface's
+    /// re-creation leaves in place.
+    Ifb { slot: usize },
+}
+
+impl Ingress {
+    fn hook(self) -> Hook {
+        match self {
+            Ingress::Lan => Hook::LanIngress,
+            Ingress::Ifb { .. } => Hook::IfbRedirect,
+        }
+    }
+
+    /// What is lost while the interface is gone.
+    fn while_gone(self) -> &'static str {
+        match self {
+            Ingress::Lan => "LAN-side interface gone: its hosts' packets are classified as they leave until it comes back",
+            Ingress::Ifb { .. } => "interface shaped on ingress gone: what arrives on an interface of that name is not shaped until the redirect to its IFB device is attached again",
+        }
+    }
+}
+
+impl std::fmt::Display for Ingress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Ingress::Lan => "LAN side",
+            Ingress::Ifb { .. } => "redirect to the IFB device",
+        })
+    }
 }
 
 impl Slot {
@@ -165,7 +219,8 @@ pub(super) async fn follow(
         let ifaces = state.config.interfaces.iter().zip(&state.ifindexes);
         ifaces
             .map(|(i, &index)| Slot {
-                name: i.name.clone(),
+                name: ifb::shaped_device(i),
+                label: i.name.clone(),
                 shaped: Some(index),
                 failed: None,
                 suspect: false,
@@ -174,9 +229,19 @@ pub(super) async fn follow(
             .collect()
     };
     for slot in &slots {
-        shared.metrics.set_interface_attached(&slot.name, true);
+        shared.metrics.set_interface_attached(&slot.label, true);
     }
-    let mut links = Links { shared, installed, handle: subscription.handle.clone(), slots };
+    let lans: Vec<LanSlot> = {
+        let state = shared.state.lock().await;
+        let names = state.config.lan_interfaces();
+        let lan = names.into_iter().map(|n| (n.to_owned(), Ingress::Lan));
+        let ingress = state.config.interfaces.iter().enumerate().filter(|(_, i)| i.direction == Direction::Ingress);
+        let ingress = ingress.map(|(slot, i)| (i.name.clone(), Ingress::Ifb { slot }));
+        lan.chain(ingress)
+            .map(|(name, role)| LanSlot { index: netdev::index(&name), name, role, suspect: false })
+            .collect()
+    };
+    let mut links = Links { shared, installed, handle: subscription.handle.clone(), slots, lans };
     for slot in 0..links.slots.len() {
         links.slots[slot].seen = links.look_up(links.slots[slot].shaped).await;
     }
@@ -214,6 +279,7 @@ struct Links {
     /// For looking links up on the subscription's connection.
     handle: Handle,
     slots: Vec<Slot>,
+    lans: Vec<LanSlot>,
 }
 
 impl Links {
@@ -243,6 +309,82 @@ impl Links {
             }
             self.reconcile(slot, check, at).await;
         }
+        for lan in 0..self.lans.len() {
+            let l = &self.lans[lan];
+            if l.index == Some(event.index) || event.name.as_deref() == Some(l.name.as_str()) {
+                self.reconcile_lan(lan, at).await;
+            }
+        }
+    }
+
+    /// Brings LAN slot `lan` in line with the interface that has its name now: the one that
+    /// had it is let go of (detached if renamed, forgotten if deleted), and one that took it
+    /// gets the ingress program.
+    async fn reconcile_lan(&mut self, lan: usize, at: Instant) {
+        let (name, role) = (self.lans[lan].name.clone(), self.lans[lan].role);
+        let current = netdev::index(&name);
+        let Some((old, new)) = change(self.lans[lan].index, current) else { return };
+        let renamed = match old {
+            Some(old) => self.name_of(old).await,
+            None => None,
+        };
+        let mut remove_clsact = false;
+        let mut state = self.shared.state.lock().await;
+        if let Some(old) = old {
+            let removed = match role {
+                Ingress::Lan => state.datapath.remove_lan_iface(old),
+                Ingress::Ifb { .. } => state.datapath.remove_ifb_target(old),
+            };
+            if let Err(e) = removed {
+                warn!(interface = %name, ifindex = old, error = %ErrorChain(&e), "removing the settings of a gone interface");
+            }
+            if renamed.is_some() {
+                state.datapath.detach(&name, role.hook());
+                // Not shaped under the name either: the clsact qdisc added for it goes too.
+                let shaped = state.config.interfaces.iter().any(|i| ifb::shaped_device(i) == name);
+                remove_clsact = !shaped && state.datapath.forget_added_clsact(&name);
+            } else {
+                state.datapath.forget(&name, role.hook());
+            }
+            warn!(interface = %name, ifindex = old, renamed_to = renamed.as_deref().unwrap_or("-"), "{}", role.while_gone());
+        }
+        self.lans[lan].index = None;
+        if let Some(new) = new {
+            let set_up = match role {
+                Ingress::Lan => set_up_lan(&mut state.datapath, &name).map_err(DaemonError::from),
+                Ingress::Ifb { slot } => match state.ifindexes[slot] {
+                    // The IFB device is gone too (see `suspend`): nothing to redirect to.
+                    0 => Err(DaemonError::from(BpfError::Attach {
+                        iface: name.clone(),
+                        hook: Hook::IfbRedirect,
+                        source: aya::programs::ProgramError::IOError(std::io::Error::other(format!(
+                            "its IFB device {} is gone; restart shaperd to create it again",
+                            ifb::device_name(&name)
+                        ))),
+                    })),
+                    ifb => set_up_redirect(&mut state.datapath, &name, ifb).await,
+                },
+            };
+            match set_up {
+                Ok((mode, _)) => {
+                    self.lans[lan].index = Some(new);
+                    info!(interface = %name, ifindex = new, ?mode, %role, took_ms = millis(at), "re-attached at ingress");
+                }
+                Err(e) => {
+                    let _ = match role {
+                        Ingress::Lan => state.datapath.remove_lan_iface(new),
+                        Ingress::Ifb { .. } => state.datapath.remove_ifb_target(new),
+                    };
+                    error!(interface = %name, ifindex = new, %role, error = %ErrorChain(&e), "not set up again at ingress; tried again on the interface's next link event");
+                }
+            }
+        }
+        drop(state);
+        if let (true, Some(now)) = (remove_clsact, renamed) {
+            if let Err(e) = qdisc::delete_clsact(&now).await {
+                warn!(interface = %now, error = %ErrorChain(&e), "removing the clsact qdisc");
+            }
+        }
     }
 
     /// Looks every name up again, for interfaces whose events were lost. A difference is
@@ -257,6 +399,15 @@ impl Links {
                 s.suspect = false;
                 warn!(interface = %s.name, shaped = ?s.shaped, now = ?current, "found by a lookup, not by its link event (the kernel dropped events?)");
                 self.reconcile(slot, false, Instant::now()).await;
+            }
+        }
+        for lan in 0..self.lans.len() {
+            let l = &mut self.lans[lan];
+            let differs = change(l.index, netdev::index(&l.name)).is_some();
+            if std::mem::replace(&mut l.suspect, differs) && differs {
+                l.suspect = false;
+                warn!(interface = %l.name, role = %l.role, "interface found changed by a lookup, not by its link event");
+                self.reconcile_lan(lan, Instant::now()).await;
             }
         }
     }
@@ -305,13 +456,18 @@ impl Links {
         let added_clsact = {
             let mut state = self.shared.state.lock().await;
             state.ifindexes[slot] = 0;
+            if let Some(wan) = redirected(&state, slot) {
+                // Its IFB device is gone: what arrives there goes on unshaped rather than
+                // being sent to a device that is no more.
+                let _ = state.datapath.remove_ifb_target(wan);
+            }
             if let Err(e) = state.datapath.remove_iface(old) {
                 warn!(interface = %name, ifindex = old, error = %ErrorChain(&e), "removing the settings of a gone interface");
             }
             if renamed.is_some() {
-                state.datapath.detach(&name);
+                state.datapath.detach(&name, Hook::Egress);
             } else {
-                state.datapath.forget(&name);
+                state.datapath.forget(&name, Hook::Egress);
             }
             state.datapath.forget_added_clsact(&name)
         };
@@ -333,7 +489,7 @@ impl Links {
         let s = &mut self.slots[slot];
         s.shaped = None;
         s.seen = None;
-        self.shared.metrics.set_interface_attached(&name, false);
+        self.shared.metrics.set_interface_attached(&s.label, false);
         warn!(
             interface = %name,
             ifindex = old,
@@ -358,7 +514,14 @@ impl Links {
         let attached = {
             let mut state = self.shared.state.lock().await;
             state.ifindexes[slot] = index;
-            let result = set_up(&mut state, &name);
+            let mut result = set_up(&mut state, &name);
+            if let (Ok(_), Some(wan)) = (&result, redirected(&state, slot)) {
+                // An IFB device created again under the name (not by shaperd): the interface's
+                // packets go to it.
+                if let Err(e) = state.datapath.set_ifb_target(wan, index) {
+                    result = Err(e.into());
+                }
+            }
             if result.is_err() {
                 state.ifindexes[slot] = 0;
                 let _ = state.datapath.remove_iface(index);
@@ -373,8 +536,8 @@ impl Links {
                 s.shaped = Some(index);
                 s.failed = None;
                 s.seen = seen;
-                self.shared.metrics.set_interface_attached(&name, true);
-                self.shared.metrics.count_reattachment(&name);
+                self.shared.metrics.set_interface_attached(&s.label, true);
+                self.shared.metrics.count_reattachment(&s.label);
                 info!(interface = %name, ifindex = index, ?mode, took_ms = millis(at), "re-attached");
             }
             Err(e) => {
@@ -406,9 +569,14 @@ impl Links {
             AttachMode::Clsact => qdisc::has_egress_filter(&name, index, FILTER_PRIORITY, FILTER_HANDLE)
                 .await
                 .map_err(|e| ErrorChain(&e).to_string()),
-            AttachMode::Tcx => {
-                self.shared.state.lock().await.datapath.tcx_attached(&name).map_err(|e| ErrorChain(&e).to_string())
-            }
+            AttachMode::Tcx => self
+                .shared
+                .state
+                .lock()
+                .await
+                .datapath
+                .tcx_attached(&name, Hook::Egress)
+                .map_err(|e| ErrorChain(&e).to_string()),
         };
         let filter = match filter {
             Ok(attached) => attached,
@@ -437,13 +605,13 @@ impl Links {
         }
         if !filter {
             let mut state = self.shared.state.lock().await;
-            state.datapath.forget(&name);
-            if let Err(e) = state.datapath.attach(&name) {
+            state.datapath.forget(&name, Hook::Egress);
+            if let Err(e) = state.datapath.attach(&name, Hook::Egress) {
                 error!(interface = %name, error = %ErrorChain(&e), "the program not attached again: the interface is not shaped");
                 return;
             }
         }
-        self.shared.metrics.count_reattachment(&name);
+        self.shared.metrics.count_reattachment(&self.slots[slot].label);
         info!(interface = %name, ifindex = index, fq = !fq, filter = !filter, took_ms = millis(at), "re-attached (put back what was missing)");
     }
 
@@ -452,8 +620,9 @@ impl Links {
     async fn ensure_fq(&self, name: &str) -> Result<FqGuard, QdiscError> {
         let (replace, limits) = {
             let state = self.shared.state.lock().await;
-            let iface = state.config.interfaces.iter().find(|i| i.name == name).expect("a configured interface");
-            (iface.replace_qdisc, fq_limits(&state.config, name))
+            let iface =
+                state.config.interfaces.iter().find(|i| ifb::shaped_device(i) == name).expect("a configured interface");
+            (iface.replace_qdisc, fq_limits(&state.config, &iface.name))
         };
         qdisc::ensure_fq(name, replace, limits).await
     }
@@ -491,8 +660,15 @@ fn check_failed(name: &str, index: u32, what: &str, error: &str) {
 fn set_up(state: &mut State, name: &str) -> Result<AttachMode, Box<dyn std::error::Error + Send + Sync>> {
     let ids: Vec<u32> = state.classes.iter().map(|e| e.id).collect();
     set_ifaces(&mut state.datapath, &state.config, &state.ifindexes, &ids)?;
-    let (mode, _) = state.datapath.attach(name)?;
+    let (mode, _) = state.datapath.attach(name, Hook::Egress)?;
     Ok(mode)
+}
+
+/// The index of configured interface `slot` if it is shaped on ingress (its packets are
+/// redirected to the device shaped under the slot) and exists.
+fn redirected(state: &State, slot: usize) -> Option<u32> {
+    let iface = &state.config.interfaces[slot];
+    (iface.direction == Direction::Ingress).then(|| netdev::index(&iface.name)).flatten()
 }
 
 /// Milliseconds since `at`, for the log.
@@ -549,7 +725,14 @@ mod tests {
 
     #[test]
     fn events_concern_the_shaped_interface_and_the_name() {
-        let slot = Slot { name: "wan0".into(), shaped: Some(3), failed: None, suspect: false, seen: None };
+        let slot = Slot {
+            name: "wan0".into(),
+            label: "wan0".into(),
+            shaped: Some(3),
+            failed: None,
+            suspect: false,
+            seen: None,
+        };
         let event = |index, name: &str| LinkEvent {
             index,
             name: Some(name.into()),

@@ -10,11 +10,13 @@
 //! - `handler`: the `shaperctl` requests, reloads and runtime changes;
 //! - `ids`: which datapath id each class takes, and the rules resolved to those ids;
 //! - `links`: interfaces that are deleted and created again, renamed, or go down and up;
-//! - `handover`: what a shaperd leaves beside its socket for the next one (upgrades).
+//! - `handover`: what a shaperd leaves beside its socket for the next one (upgrades);
+//! - `ifb`: the IFB devices that interfaces shaped on ingress are shaped on.
 
 mod handler;
 mod handover;
 mod ids;
+mod ifb;
 mod links;
 mod setup;
 mod state;
@@ -28,7 +30,6 @@ use futures::future::OptionFuture;
 use tokio::sync::{watch, Mutex};
 use tracing::{error, info, warn};
 
-pub use self::ids::rule_specs;
 /// For the model of the rate path, which sets CoDel up as the daemon does.
 #[cfg(any(test, feature = "model"))]
 pub(crate) use self::state::codel_params;
@@ -37,6 +38,7 @@ use self::{
     setup::{Installed, Started},
     state::{control_loop, monotonic_ns, trees, State},
 };
+pub use self::{ids::rule_specs, ifb::IfbError};
 use crate::{
     api::{Server, SocketError},
     bpf::{BpfError, Datapath, PinLock},
@@ -66,6 +68,9 @@ pub enum DaemonError {
     /// The datapath could not be loaded, attached or written.
     #[error(transparent)]
     Bpf(#[from] BpfError),
+    /// The IFB device of an interface shaped on ingress could not be created.
+    #[error(transparent)]
+    Ifb(#[from] IfbError),
     /// The control socket could not be bound.
     #[error(transparent)]
     Socket(#[from] SocketError),
@@ -126,6 +131,15 @@ struct Shared {
     metrics: Arc<Metrics>,
 }
 
+/// The index of each configured interface, in file order; every interface `config` names
+/// (shaped, or LAN side) must exist: the error is the name of one that does not.
+fn ifindexes(config: &Config) -> Result<Vec<u32>, String> {
+    if let Some(lan) = config.lan_interfaces().into_iter().find(|l| netdev::index(l).is_none()) {
+        return Err(lan.to_owned());
+    }
+    config.interfaces.iter().map(|i| netdev::index(&i.name).ok_or_else(|| i.name.clone())).collect()
+}
+
 /// Runs the daemon until a [`Signal::Stop`] arrives (or `signals` closes), then detaches and
 /// restores every interface; or until [`Signal::Handover`], leaving shaping in place. `ready`
 /// is called once shaping is in place and the control socket listens (the binary tells
@@ -139,12 +153,7 @@ pub async fn run(
     mut signals: tokio::sync::mpsc::Receiver<Signal>,
     ready: impl FnOnce(),
 ) -> Result<Exit, DaemonError> {
-    let mut ifindexes = Vec::new();
-    for iface in &config.interfaces {
-        let index = netdev::index(&iface.name)
-            .ok_or_else(|| DaemonError::NoInterface { name: iface.name.clone(), path: config.path.clone() })?;
-        ifindexes.push(index);
-    }
+    let ifindexes = ifindexes(&config).map_err(|name| DaemonError::NoInterface { name, path: config.path.clone() })?;
     // Compiled before the kernel is touched, so that rules it cannot hold are refused first.
     let fresh_ids = assign_ids(&config, &[]).expect("validated: at most MAX_CLASSES classes");
     let compiled = rules::compile(&rule_specs(&config, &fresh_ids))
@@ -171,7 +180,7 @@ pub async fn run(
         info!(pins = %options.pin_dir.as_deref().unwrap_or(Path::new("")).display(), "taking over the maps an earlier shaperd left");
     }
     let fresh = (fresh_ids, compiled);
-    let (installed, Started { classes }) =
+    let (installed, Started { classes, ifindexes }) =
         Installed::setup(&config, &options, &mut datapath, adopted, &ifindexes, fresh).await?;
     info!(config = %config.path.display(), socket = %options.socket.display(), classes = classes.len(), rules = config.rules.len(), "shaping");
     ready();

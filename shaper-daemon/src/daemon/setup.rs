@@ -1,9 +1,11 @@
 //! Putting shaping in place and taking it away again.
 //!
-//! [`Installed::setup`] installs `fq` on each interface, writes the classes, interfaces and
-//! rules into the datapath and attaches the program at egress (the pin lock, the control
-//! socket and the metrics listener are taken before, in `run`, so that a start that cannot
-//! finish fails before it touches anything). It returns an [`Installed`]: what it changed
+//! [`Installed::setup`] installs `fq` on each interface (on its IFB device, created first, for
+//! one shaped on ingress: see `ifb`), writes the classes, interfaces and rules into the
+//! datapath and attaches the program at egress (and the redirect at ingress of an interface
+//! shaped on ingress). The pin lock, the control socket and the metrics listener are taken
+//! before, in `run`, so that a start that cannot finish fails before it touches anything. It
+//! returns an [`Installed`]: what it changed
 //! outside this process, to be given back by [`Installed::undo`] on shutdown, or left for the
 //! next shaperd by [`Installed::leave_in_place`] on a handover. If a step of the setup fails,
 //! what the earlier steps changed is undone before the error is returned, unless the datapath
@@ -11,32 +13,37 @@
 
 use std::path::PathBuf;
 
-use shaper_common::{IfaceConfig, IFACE_DOWNLOAD, IFACE_ENABLED, IFACE_L3, LINK_SLACK_PERCENT};
+use shaper_common::{IfaceConfig, IFACE_DOWNLOAD, IFACE_ENABLED, IFACE_L3, IFACE_NAT, LAN_L3, LINK_SLACK_PERCENT};
 use tracing::{info, warn};
 
 use super::{
     handover::Handover,
     ids::{assign_ids, rule_specs},
+    ifb::{self, Ifb},
     state::{class_config, ClassEntry},
     DaemonError, Options,
 };
 use crate::{
-    bpf::{BpfError, Datapath},
+    bpf::{AttachMode, BpfError, Datapath, Hook},
     config::{Config, Direction},
     netdev,
     qdisc::{self, FqGuard},
     rate::Rate,
-    rules,
+    rules, ErrorChain,
 };
 
 /// What [`Installed::setup`] made ready to run besides the datapath itself.
 pub(super) struct Started {
     /// One entry per class of the configuration, in the same order.
     pub(super) classes: Vec<ClassEntry>,
+    /// The index of the device each interface of the configuration is shaped on, in the same
+    /// order: the interface's own, or its IFB device's (`direction = "ingress"`).
+    pub(super) ifindexes: Vec<u32>,
 }
 
 /// What the setup changed outside this process and shutdown must give back: the `fq` root
-/// qdisc of each interface (with what was there before), and the handover file. The program's
+/// qdisc of each interface (with what was there before), the IFB devices it created, and the
+/// handover file. The program's
 /// attachments, the clsact qdiscs it added and the pinned maps belong to the [`Datapath`],
 /// which [`undo`](Self::undo) is given so that they go first.
 ///
@@ -49,6 +56,9 @@ pub(super) struct Installed {
     fq: Vec<FqGuard>,
     /// Removed on undo, so that a later shaperd does not take stale class ids over.
     handover_file: Option<PathBuf>,
+    /// The IFB devices of the interfaces shaped on ingress, deleted on undo (after the
+    /// redirects to them are detached).
+    ifbs: Vec<Ifb>,
 }
 
 impl Installed {
@@ -67,7 +77,7 @@ impl Installed {
         ifindexes: &[u32],
         fresh: (Vec<u32>, rules::Compiled),
     ) -> Result<(Self, Started), DaemonError> {
-        let mut installed = Self { fq: Vec::new(), handover_file: options.handover_file() };
+        let mut installed = Self { fq: Vec::new(), handover_file: options.handover_file(), ifbs: Vec::new() };
         match installed.install(config, options, datapath, adopted, ifindexes, fresh).await {
             Ok(started) => Ok((installed, started)),
             Err(e) if adopted => {
@@ -108,8 +118,15 @@ impl Installed {
             compiled = rules::compile(&rule_specs(config, &ids))
                 .map_err(|source| DaemonError::Rules { path: config.path.clone(), source })?;
         }
-        for iface in &config.interfaces {
-            self.fq.push(qdisc::ensure_fq(&iface.name, iface.replace_qdisc, fq_limits(config, &iface.name)).await?);
+        let mut ifindexes = ifindexes.to_vec();
+        for (iface, index) in config.interfaces.iter().zip(&mut ifindexes) {
+            if iface.direction == Direction::Ingress {
+                let ifb = ifb::ensure(&iface.name).await?;
+                *index = ifb.index;
+                self.ifbs.push(ifb);
+            }
+            let device = ifb::shaped_device(iface);
+            self.fq.push(qdisc::ensure_fq(&device, iface.replace_qdisc, fq_limits(config, &iface.name)).await?);
         }
         let mut classes = Vec::new();
         for (class, &id) in config.classes.iter().zip(&ids) {
@@ -125,18 +142,29 @@ impl Installed {
             }
             classes.push(entry);
         }
-        set_ifaces(datapath, config, ifindexes, &ids)?;
+        set_ifaces(datapath, config, &ifindexes, &ids)?;
         datapath.load_rules(&compiled)?;
         for iface in &config.interfaces {
-            let (mode, took_over) = datapath.attach(&iface.name)?;
-            info!(interface = %iface.name, ?mode, took_over, "attached at egress");
+            let device = ifb::shaped_device(iface);
+            let (mode, took_over) = datapath.attach(&device, Hook::Egress)?;
+            info!(interface = %iface.name, device, ?mode, took_over, "attached at egress");
+        }
+        for (iface, &index) in config.interfaces.iter().zip(&ifindexes) {
+            if iface.direction == Direction::Ingress {
+                let (mode, took_over) = set_up_redirect(datapath, &iface.name, index).await?;
+                info!(interface = %iface.name, ifb = %ifb::device_name(&iface.name), ?mode, took_over, "attached at ingress: arriving packets are shaped on the IFB device");
+            }
+        }
+        for lan in config.lan_interfaces() {
+            let (mode, took_over) = set_up_lan(datapath, lan)?;
+            info!(interface = %lan, ?mode, took_over, "attached at ingress: the origins of its hosts' packets are recorded");
         }
         handover.take_interfaces_over(config, datapath).await;
         datapath.retire_older_layouts()?;
         if let Some(path) = options.handover_file() {
             Handover::write(&path, config, &ids, datapath);
         }
-        Ok(Started { classes })
+        Ok(Started { classes, ifindexes })
     }
 
     /// Gives everything back: detaches the program from `datapath` (the one the setup
@@ -154,6 +182,13 @@ impl Installed {
             Err(e) => warn!(error = %e, "detaching"),
         }
         restore_root_qdiscs(std::mem::take(&mut self.fq)).await;
+        // The redirects to them are detached above: nothing is sent to a device that is gone.
+        for Ifb { name, iface, .. } in std::mem::take(&mut self.ifbs) {
+            match ifb::delete(&name).await {
+                Ok(_) => info!(interface = %iface, ifb = %name, "deleted the IFB device"),
+                Err(e) => warn!(interface = %iface, ifb = %name, error = %ErrorChain(&e), "deleting the IFB device"),
+            }
+        }
         if let Err(e) = datapath.unpin_maps() {
             warn!(error = %e, "removing the pins");
         }
@@ -181,6 +216,7 @@ impl Installed {
     pub(super) fn leave_in_place(mut self, datapath: &mut Datapath) {
         datapath.leave_in_place();
         self.fq.clear();
+        self.ifbs.clear();
         self.handover_file = None;
     }
 }
@@ -223,8 +259,8 @@ async fn restore_root_qdiscs(guards: Vec<FqGuard>) {
     }
 }
 
-/// Writes each interface's slot, default class and overhead (index 0: the interface is
-/// gone, and skipped).
+/// Writes each interface's slot, default class and framing (overhead, mpu, link layer)
+/// (index 0: the interface is gone, and skipped).
 pub(super) fn set_ifaces(
     datapath: &mut Datapath,
     config: &Config,
@@ -239,7 +275,8 @@ pub(super) fn set_ifaces(
         let default = config.classes.iter().position(|c| c.name == iface.default_class).expect("validated");
         let flags = IFACE_ENABLED
             | if netdev::is_l3(&iface.name) { IFACE_L3 } else { 0 }
-            | if iface.direction == Direction::Download { IFACE_DOWNLOAD } else { 0 };
+            | if iface.direction.towards_hosts() { IFACE_DOWNLOAD } else { 0 }
+            | if iface.lan.is_empty() { 0 } else { IFACE_NAT };
         datapath.set_iface(
             index,
             IfaceConfig {
@@ -248,10 +285,54 @@ pub(super) fn set_ifaces(
                 overhead: iface.overhead,
                 flags,
                 link_bytes: iface.rate.bytes_per_sec() / 100 * (100 + LINK_SLACK_PERCENT),
+                mpu: iface.mpu,
+                linklayer: iface.linklayer.datapath(),
             },
         )?;
     }
     Ok(())
+}
+
+/// Makes `iface` a LAN-side interface: its packets' origins are recorded (see
+/// `shaper_common::Origin`) by the program attached at its ingress. An interface that is gone
+/// meanwhile is an error, as at the start.
+pub(super) fn set_up_lan(datapath: &mut Datapath, iface: &str) -> Result<(AttachMode, bool), BpfError> {
+    let index = netdev::index(iface).ok_or_else(|| BpfError::Attach {
+        iface: iface.to_owned(),
+        hook: Hook::LanIngress,
+        source: aya::programs::ProgramError::IOError(std::io::Error::from(std::io::ErrorKind::NotFound)),
+    })?;
+    datapath.set_lan_iface(index, if netdev::is_l3(iface) { LAN_L3 } else { 0 })?;
+    datapath.attach(iface, Hook::LanIngress)
+}
+
+/// Sends the packets arriving on `iface` to the IFB device `ifb` (an index), where they are
+/// shaped. With TCX (Linux 6.6 and later), by the redirect program attached at the
+/// interface's ingress, the IFB's index under the interface's in `IFB_TARGETS`; under clsact,
+/// by an `act_mirred` filter ([`ifb::mirred`]: `bpf_redirect()` feeds an IFB only from 6.4
+/// on). An interface that is gone meanwhile is an error, as at the start.
+pub(super) async fn set_up_redirect(
+    datapath: &mut Datapath,
+    iface: &str,
+    ifb: u32,
+) -> Result<(AttachMode, bool), DaemonError> {
+    let index = netdev::index(iface).ok_or_else(|| BpfError::Attach {
+        iface: iface.to_owned(),
+        hook: Hook::IfbRedirect,
+        source: aya::programs::ProgramError::IOError(std::io::Error::from(std::io::ErrorKind::NotFound)),
+    })?;
+    match Datapath::attach_mode() {
+        AttachMode::Tcx => {
+            datapath.set_ifb_target(index, ifb)?;
+            Ok(datapath.attach(iface, Hook::IfbRedirect)?)
+        }
+        AttachMode::Clsact => {
+            datapath.ensure_clsact(iface)?;
+            ifb::mirred(iface, index, &ifb::device_name(iface), ifb).await?;
+            datapath.adopt_filter(iface, Hook::IfbRedirect)?;
+            Ok((AttachMode::Clsact, false))
+        }
+    }
 }
 
 /// fq limits that hold every packet the horizons admit (see [`qdisc::FqLimits`]): what the

@@ -11,8 +11,8 @@ use std::{
 
 use nix::time::{clock_gettime, ClockId};
 use shaper_common::{
-    frames_ns, ClassConfig, CLASS_BORROWING, CLASS_QUIET, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, ISOLATE_FLOW,
-    ISOLATE_HOST, ISOLATE_NONE,
+    frames_ns, ClassConfig, CLASS_BORROWING, CLASS_QUIET, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, DSCP_OVER, DSCP_SET,
+    ISOLATE_FLOW, ISOLATE_HOST, ISOLATE_NONE,
 };
 use tokio::sync::watch;
 use tracing::{debug, warn};
@@ -179,6 +179,11 @@ pub(super) fn class_config(class: &Class, rate: Rate, share: u64, mode: Mode) ->
         share_slack_ns: slack,
         // Two frames at the share: hosts sending a third of it or more contend for it.
         share_near_ns: frames_ns(2, share_bytes),
+        guarantee_bytes: class.rate.bytes_per_sec(),
+        dscp_flags: class.marking.set.map_or(0, |_| DSCP_SET) | class.marking.over.map_or(0, |_| DSCP_OVER),
+        set_dscp: class.marking.set.unwrap_or(0),
+        over_dscp: class.marking.over.unwrap_or(0),
+        _pad_dscp: [0; 5],
     }
 }
 

@@ -37,8 +37,9 @@ use tracing::{debug, info, warn};
 
 mod netlink;
 
+use netlink::tc_index;
 pub use netlink::KernelError;
-use netlink::{tc_index, Rtnl};
+pub(crate) use netlink::Rtnl;
 
 /// Packet limits of the `fq` qdisc shaper installs (`limit` and `flow_limit` in tc's words).
 ///

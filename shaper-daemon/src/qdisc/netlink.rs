@@ -119,7 +119,7 @@ fn fq_limits(options: &[TcOption]) -> Option<FqLimits> {
 }
 
 /// An rtnetlink connection whose background task ends with it.
-pub(super) struct Rtnl {
+pub(crate) struct Rtnl {
     handle: Handle,
     /// The connection, polled in the background.
     task: tokio::task::JoinHandle<()>,
@@ -133,7 +133,7 @@ impl Drop for Rtnl {
 
 impl Rtnl {
     /// Opens a socket in the calling thread's network namespace.
-    pub(super) fn open(ifname: &str) -> Result<Self, QdiscError> {
+    pub(crate) fn open(ifname: &str) -> Result<Self, QdiscError> {
         let (mut connection, handle, _) =
             rtnetlink::new_connection().map_err(|source| QdiscError::Socket { ifname: ifname.to_owned(), source })?;
         let socket = connection.socket_mut().socket_mut();
@@ -148,7 +148,7 @@ impl Rtnl {
     }
 
     /// Sends one request that expects only an acknowledgement.
-    pub(super) async fn acked(&self, message: RouteNetlinkMessage, flags: u16) -> Result<(), KernelError> {
+    pub(crate) async fn acked(&self, message: RouteNetlinkMessage, flags: u16) -> Result<(), KernelError> {
         let mut request = NetlinkMessage::from(message);
         request.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
         let mut responses = self.handle.clone().request(request).map_err(KernelError::new)?;
@@ -158,6 +158,11 @@ impl Rtnl {
             }
         }
         Ok(())
+    }
+
+    /// The connection's handle, for requests of other kinds.
+    pub(crate) fn handle(&self) -> &Handle {
+        &self.handle
     }
 
     /// The index of the interface named `ifname` (see [`netdev::find_index`]).

@@ -42,7 +42,7 @@ dport = 5402
 
 /// A TCP connection from the gateway itself, paced by its socket at 400 kbit/s
 /// (`SO_MAX_PACING_RATE`, iperf3's `--fq-rate`), in the class of a greedy LAN flow. With `fq`
-/// as root qdisc TCP hands its packets down with their departure times (CLOCK_MONOTONIC, a
+/// as root qdisc TCP hands its packets down with their departure times (`CLOCK_MONOTONIC`, a
 /// pacing gap of ~60 ms apart for its two-segment packets) and leaves the waiting to `fq`.
 /// Those times used to become the class's clock, so that each such packet held the whole
 /// class until it left: the LAN flow got a fraction of the rest of the class's rate. The

@@ -58,7 +58,7 @@ fn configure_new_wan(topo: &Topology, iface: &str) {
 }
 
 /// A new veth pair: `iface` in the gateway, `eth0` in the server's namespace, both down.
-fn new_veth(topo: &Topology, iface: &str) {
+pub(super) fn new_veth(topo: &Topology, iface: &str) {
     sh(&[
         "ip",
         "link",

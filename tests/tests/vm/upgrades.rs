@@ -78,7 +78,7 @@ fn the_next_shaperd_takes_over_what_it_shapes_and_gives_back_the_rest() {
     let current = format!("v{MAP_LAYOUT_VERSION}");
     let older = format!("v{}", MAP_LAYOUT_VERSION - 1);
     std::fs::rename(pin_dir.join(&current), pin_dir.join(&older)).expect("renaming the layout's pin directory");
-    assert_eq!(layouts(&pin_dir), [older.clone()]);
+    assert_eq!(layouts(&pin_dir), std::slice::from_ref(&older));
 
     let wan_only = BOTH.replace("[[interface]]\nname = \"lan0\"\nrate = \"20mbit\"\ndefault = \"lan_rest\"\n", "");
     let wan_only = wan_only.replace("[[class]]\nname = \"lan_rest\"\ninterface = \"lan0\"\nrate = \"1mbit\"\n", "");

@@ -7,11 +7,11 @@ use toml::Spanned;
 use super::{ClassDraft, IfaceDraft, Validator};
 use crate::config::error::{ConfigError, Problem};
 use crate::config::model::{
-    Aqm, Isolation, AQM_INTERVAL_RANGE, AQM_TARGET_RANGE, DEFAULT_AQM, DEFAULT_HORIZON, HORIZON_RANGE, MAX_CLASSES,
-    MAX_PRIO,
+    Aqm, Isolation, Marking, AQM_INTERVAL_RANGE, AQM_TARGET_RANGE, DEFAULT_AQM, DEFAULT_HORIZON, HORIZON_RANGE,
+    MAX_CLASSES, MAX_PRIO,
 };
-use crate::config::raw::{Integer, RawClass};
-use crate::config::values::{check_class_name, duration_in, list, parse_rate_spec};
+use crate::config::raw::{Integer, RawClass, Scalar};
+use crate::config::values::{check_class_name, duration_in, list, parse_dscp, parse_rate_spec};
 use crate::rate::Rate;
 
 impl Validator<'_> {
@@ -153,6 +153,19 @@ impl Validator<'_> {
                 ))),
             })?,
         };
+        let dscp = |field: &str, value: &Option<Spanned<Scalar>>| {
+            value
+                .as_ref()
+                .map(|v| {
+                    self.check(&key(field), v, |v| match v {
+                        Scalar::Str(s) if s.trim() == "wash" => Ok(0),
+                        v => parse_dscp(v),
+                    })
+                })
+                .transpose()
+        };
+        let marking =
+            Marking { set: dscp("set_dscp", &class.set_dscp)?, over: dscp("set_dscp_over", &class.set_dscp_over)? };
 
         Ok(ClassDraft {
             name,
@@ -170,6 +183,7 @@ impl Validator<'_> {
             horizon,
             aqm,
             isolation,
+            marking,
             children: Vec::new(),
         })
     }
@@ -272,5 +286,21 @@ mod tests {
         fails_at(&with("aqm_target = \"200ms\""), "aqm_target", "class[0].aqm_target", &["below aqm_interval"]);
         fails_at(&with("aqm_target = \"5s\""), "aqm_target", "class[0].aqm_target", &["out of range"]);
         fails_at(&with("aqm_interval = \"20s\""), "aqm_interval", "class[0].aqm_interval", &["out of range"]);
+    }
+    #[test]
+    fn dscp_marking() {
+        use crate::config::model::Marking;
+        let with = |extra: &str| format!("{IFACE}{GUEST}{extra}\n");
+        assert_eq!(ok(&with("")).classes[0].marking, Marking::default());
+        let both = ok(&with("set_dscp = \"af11\"\nset_dscp_over = 8"));
+        assert_eq!(both.classes[0].marking, Marking { set: Some(10), over: Some(8) });
+        assert_eq!(ok(&with("set_dscp = \"wash\"")).classes[0].marking, Marking { set: Some(0), over: None });
+        fails_at(&with("set_dscp = 64"), "set_dscp", "class[0].set_dscp", &["DSCP 64 is out of range", "af41"]);
+        fails_at(
+            &with("set_dscp_over = \"gold\""),
+            "set_dscp_over",
+            "class[0].set_dscp_over",
+            &["unknown DSCP \"gold\""],
+        );
     }
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::error::{ConfigError, Problem};
-use super::model::{Aqm, Class, Config, Direction, Interface, Isolation};
+use super::model::{Aqm, Class, Config, Direction, Interface, Isolation, LinkLayer, Marking};
 use super::raw::{LineIndex, RawConfig};
 use crate::rate::{Rate, RateSpec};
 
@@ -28,8 +28,11 @@ struct IfaceDraft {
     rate_line: usize,
     default: Spanned<String>,
     overhead: i32,
+    mpu: u32,
+    linklayer: LinkLayer,
     replace_qdisc: bool,
     direction: Direction,
+    lan: Vec<String>,
 }
 
 /// A class being validated.
@@ -49,6 +52,7 @@ struct ClassDraft {
     horizon: Duration,
     aqm: Option<Aqm>,
     isolation: Isolation,
+    marking: Marking,
     children: Vec<usize>,
 }
 
@@ -118,8 +122,11 @@ impl Validator<'_> {
                     rate: i.rate,
                     default_class: i.default.get_ref().clone(),
                     overhead: i.overhead,
+                    mpu: i.mpu,
+                    linklayer: i.linklayer,
                     replace_qdisc: i.replace_qdisc,
                     direction: i.direction,
+                    lan: i.lan.clone(),
                 })
                 .collect(),
             classes: classes
@@ -135,6 +142,7 @@ impl Validator<'_> {
                     horizon: c.horizon,
                     aqm: c.aqm,
                     isolation: c.isolation,
+                    marking: c.marking,
                     line: c.line,
                 })
                 .collect(),

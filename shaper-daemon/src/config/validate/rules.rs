@@ -1,5 +1,6 @@
 //! The checks of each `[[rule]]` table: its class a leaf, its match fields valid and
-//! consistent with one another.
+//! consistent with one another (a rule whose fields no packet can have at once is an error,
+//! not a rule that silently never matches).
 
 use ipnet::IpNet;
 use toml::Spanned;
@@ -7,10 +8,10 @@ use toml::Spanned;
 use super::{ClassDraft, Validator};
 use crate::config::error::{ConfigError, Problem};
 use crate::config::model::Rule;
-use crate::config::raw::RawRule;
+use crate::config::raw::{RawRule, Scalar};
 use crate::config::values::{
-    list, parse_dscp, parse_mark, parse_net, parse_ports, parse_proto, proto_name, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP,
-    PROTO_UDP,
+    list, parse_dscp, parse_icmp_type, parse_len, parse_mac, parse_mark, parse_net, parse_ports, parse_proto,
+    parse_tcp_flags, proto_name, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
 };
 
 /// Checks that a rule's `class` names a leaf class.
@@ -92,8 +93,85 @@ impl Validator<'_> {
 
         let mark = raw.mark.as_ref().map(|v| self.check(&key("mark"), v, parse_mark)).transpose()?;
         let dscp = raw.dscp.as_ref().map(|v| self.check(&key("dscp"), v, parse_dscp)).transpose()?;
+        let len = raw.len.as_ref().map(|v| self.check(&key("len"), v, parse_len)).transpose()?;
+        let src_mac = raw.src_mac.as_ref().map(|v| self.check(&key("src_mac"), v, |t| parse_mac(t))).transpose()?;
 
-        Ok(Rule { index, line, class, src, dst, proto, sport: ports[0], dport: ports[1], mark, dscp })
+        let tcp_flags = match &raw.tcp_flags {
+            None => None,
+            Some(value) => {
+                let flags = self.check(&key("tcp_flags"), value, |t| parse_tcp_flags(t))?;
+                if let Some(p) = proto.filter(|&p| p != PROTO_TCP) {
+                    return Err(self.error(
+                        self.line(value),
+                        key("tcp_flags"),
+                        format!("tcp_flags needs proto tcp (or no proto: tcp_flags matches TCP packets only), but this rule has proto = {:?}; remove tcp_flags or change proto", proto_name(p)),
+                    ));
+                }
+                Some(flags)
+            }
+        };
+
+        let icmp_type = match &raw.icmp_type {
+            None => None,
+            Some(value) => Some(self.icmp_type(index, value, proto, src.or(dst), raw)?),
+        };
+
+        Ok(Rule {
+            index,
+            line,
+            class,
+            src,
+            dst,
+            proto,
+            sport: ports[0],
+            dport: ports[1],
+            mark,
+            dscp,
+            len,
+            tcp_flags,
+            icmp_type,
+            src_mac,
+        })
+    }
+
+    /// Checks rule `index`'s `icmp_type`: ICMP's or `ICMPv6`'s, as `proto` or the family of
+    /// the rule's network `net` says, and without fields only other protocols have.
+    fn icmp_type(
+        &self,
+        index: usize,
+        value: &Spanned<Scalar>,
+        proto: Option<u8>,
+        net: Option<IpNet>,
+        raw: &RawRule,
+    ) -> Result<u8, ConfigError> {
+        let key = format!("rule[{index}].icmp_type");
+        let fail = |message: String| Err(self.error(self.line(value), key.clone(), message));
+        let v6 = match (proto, net) {
+            (Some(PROTO_ICMP), _) => false,
+            (Some(PROTO_ICMPV6), _) => true,
+            (Some(p), _) => {
+                return fail(format!(
+                    "icmp_type needs proto icmp or icmpv6, but this rule has proto = {:?}; remove icmp_type or change proto",
+                    proto_name(p)
+                ))
+            }
+            (None, Some(net)) => matches!(net, IpNet::V6(_)),
+            (None, None) => {
+                return fail(
+                    "icmp_type needs proto = \"icmp\" or \"icmpv6\" (or a src or dst network, whose family says which): the two number their types differently".to_owned(),
+                )
+            }
+        };
+        let field =
+            [("sport", raw.sport.is_some()), ("dport", raw.dport.is_some()), ("tcp_flags", raw.tcp_flags.is_some())]
+                .into_iter()
+                .find_map(|(field, set)| set.then_some(field));
+        if let Some(field) = field {
+            return fail(format!(
+                "icmp_type and {field} never match the same packet (an ICMP packet has no ports nor TCP flags); write two rules"
+            ));
+        }
+        self.check(&key, value, |v| parse_icmp_type(v, v6))
     }
 }
 
@@ -104,6 +182,7 @@ mod tests {
     use super::*;
     use crate::config::test_util::{fails, fails_at, line_of, ok, parse, GUEST, IFACE};
     use crate::config::PortRange;
+    use crate::rules::TcpFlags;
 
     /// [`IFACE`] with a tree: house (a parent) with room, and guest.
     fn with_rule(rule: &str) -> String {
@@ -144,7 +223,11 @@ mod tests {
                 sport: None,
                 dport: None,
                 mark: None,
-                dscp: None
+                dscp: None,
+                len: None,
+                tcp_flags: None,
+                icmp_type: None,
+                src_mac: None
             }
         );
     }
@@ -273,5 +356,115 @@ mod tests {
         for bad in ["cs8", "af14", "af51", "af1", "af111", "voice", "cs"] {
             fails_at(&rule(&format!("dscp = \"{bad}\"")), "dscp", "rule[1].dscp", &["unknown DSCP", "cs0..cs7"]);
         }
+    }
+
+    #[test]
+    fn rule_len() {
+        let rule = |fields: &str| with_rule(&format!("class = \"guest\"\n{fields}"));
+        assert_eq!(ok(&rule("len = \"0-63\"")).rules[1].len, Some(PortRange { start: 0, end: 63 }));
+        assert_eq!(ok(&rule("len = 1500")).rules[1].len, Some(PortRange { start: 1500, end: 1500 }));
+        assert_eq!(ok(&rule("len = \" 64 \"")).rules[1].len, Some(PortRange { start: 64, end: 64 }));
+        fails_at(&rule("len = 70000"), "len", "rule[1].len", &["length 70000 is out of range", "0..=65535"]);
+        fails_at(&rule("len = \"64-0\""), "len", "rule[1].len", &["reversed", "\"0-64\""]);
+        fails_at(&rule("len = \"<64\""), "len", "rule[1].len", &["invalid length", "\"A-B\""]);
+    }
+
+    #[test]
+    fn rule_tcp_flags() {
+        let rule = |fields: &str| with_rule(&format!("class = \"guest\"\n{fields}"));
+        let flags = |value: &str| ok(&rule(&format!("tcp_flags = {value:?}"))).rules[1].tcp_flags.unwrap();
+        let exactly = |value| TcpFlags { value, mask: 0x3f, no_payload: false };
+        assert_eq!(flags("ack"), exactly(0x10));
+        assert_eq!(flags("SYN"), exactly(0x02));
+        assert_eq!(flags("syn,ack"), exactly(0x12));
+        assert_eq!(flags(" syn | ack "), exactly(0x12));
+        assert_eq!(flags("pure-ack"), TcpFlags { no_payload: true, ..exactly(0x10) });
+        assert_eq!(flags("syn / syn,ack"), TcpFlags { value: 0x02, mask: 0x12, no_payload: false });
+        assert_eq!(flags("syn/syn"), TcpFlags { value: 0x02, mask: 0x02, no_payload: false });
+        assert_eq!(flags("/ rst"), TcpFlags { value: 0, mask: 0x04, no_payload: false });
+        assert_eq!(
+            flags("ack / fin,syn,rst,psh,ack,urg,ece,cwr"),
+            TcpFlags { value: 0x10, mask: 0xff, no_payload: false }
+        );
+        assert_eq!(ok(&rule("proto = \"tcp\"\ntcp_flags = \"syn\"")).rules[1].proto, Some(6));
+        fails_at(
+            &rule("tcp_flags = \"sin\""),
+            "tcp_flags",
+            "rule[1].tcp_flags",
+            &["unknown TCP flag \"sin\"", "pure-ack", "fin, syn"],
+        );
+        fails_at(
+            &rule("tcp_flags = \"syn / ack\""),
+            "tcp_flags",
+            "rule[1].tcp_flags",
+            &["syn not in the mask", "never match"],
+        );
+        fails_at(&rule("tcp_flags = \"\""), "tcp_flags", "rule[1].tcp_flags", &["names no flag"]);
+        fails_at(&rule("tcp_flags = \"ack /\""), "tcp_flags", "rule[1].tcp_flags", &["tests no flag"]);
+        fails_at(
+            &rule("proto = \"udp\"\ntcp_flags = \"syn\""),
+            "tcp_flags",
+            "rule[1].tcp_flags",
+            &["needs proto tcp", "\"udp\""],
+        );
+    }
+
+    #[test]
+    fn rule_icmp_type() {
+        let rule = |fields: &str| with_rule(&format!("class = \"guest\"\n{fields}"));
+        let kind = |fields: &str| ok(&rule(fields)).rules[1].icmp_type;
+        assert_eq!(kind("proto = \"icmp\"\nicmp_type = 8"), Some(8));
+        assert_eq!(kind("proto = \"icmp\"\nicmp_type = \"echo-request\""), Some(8));
+        assert_eq!(kind("proto = \"icmpv6\"\nicmp_type = \"echo-request\""), Some(128));
+        assert_eq!(kind("dst = \"fd00::/8\"\nicmp_type = \"neighbor-solicitation\""), Some(135));
+        assert_eq!(kind("src = \"10.0.0.0/8\"\nicmp_type = \"time-exceeded\""), Some(11));
+        fails_at(&rule("icmp_type = 8"), "icmp_type", "rule[1].icmp_type", &["needs proto = \"icmp\" or \"icmpv6\""]);
+        fails_at(
+            &rule("proto = \"tcp\"\nicmp_type = 8"),
+            "icmp_type",
+            "rule[1].icmp_type",
+            &["needs proto icmp or icmpv6", "\"tcp\""],
+        );
+        fails_at(
+            &rule("proto = \"icmp\"\nicmp_type = 256"),
+            "icmp_type",
+            "rule[1].icmp_type",
+            &["out of range", "echo-request"],
+        );
+        fails_at(
+            &rule("proto = \"icmp\"\nicmp_type = \"neighbor-solicitation\""),
+            "icmp_type",
+            "rule[1].icmp_type",
+            &["unknown icmp type", "echo-reply"],
+        );
+        fails_at(
+            &rule("proto = \"icmp\"\ntcp_flags = \"syn\"\nicmp_type = 8"),
+            "tcp_flags",
+            "rule[1].tcp_flags",
+            &["needs proto tcp"],
+        );
+        fails_at(
+            &rule("tcp_flags = \"syn\"\nsrc = \"10.0.0.0/8\"\nicmp_type = 8"),
+            "icmp_type",
+            "rule[1].icmp_type",
+            &["icmp_type and tcp_flags never match"],
+        );
+    }
+
+    #[test]
+    fn rule_src_mac() {
+        let rule = |fields: &str| with_rule(&format!("class = \"guest\"\n{fields}"));
+        let mac = |text: &str| ok(&rule(&format!("src_mac = {text:?}"))).rules[1].src_mac;
+        assert_eq!(mac("02:00:00:00:01:10"), Some([2, 0, 0, 0, 1, 0x10]));
+        assert_eq!(mac("AA-BB-CC-DD-EE-FF"), Some([0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff]));
+        for bad in ["02:00:00:00:01", "02:00:00:00:01:10:11", "02:00:00:00:01:1g", "020:00:00:00:01:10", "nonsense"] {
+            fails_at(
+                &rule(&format!("src_mac = {bad:?}")),
+                "src_mac",
+                "rule[1].src_mac",
+                &["not a MAC address", "02:00:00:00:01:10"],
+            );
+        }
+        fails_at(&rule("src_mac = \"00:00:00:00:00:00\""), "src_mac", "rule[1].src_mac", &["all-zero"]);
     }
 }
