@@ -263,7 +263,9 @@ pub const LINK_SLACK_PERCENT: u64 = 2;
 /// woke) rather than at an allocation, which the other classes' rates leave no room for.
 /// Its packets leave no earlier than the link clock, behind the departures the busy classes
 /// have been given, until the next tick allocates it its share; a packet of a sparse flow
-/// (one per 10 ms or less, within the sparse budget) still leaves at once.
+/// (one per 10 ms or less, within the sparse budget) still leaves at once, and so does one
+/// within the class's guarantee (its profile meter, `ClassState::profile_next_ns`), the
+/// borrowers held in its place.
 pub const CLASS_QUIET: u32 = 1;
 
 /// `ClassConfig::flags`: the class is paced above its guarantee, on bandwidth the allocator

@@ -14,7 +14,9 @@
 
 use std::collections::HashMap;
 
-use shaper_common::{frames_ns, FULL_FRAME, LINK_SLACK_PERCENT, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE};
+use shaper_common::{
+    frames_ns, FULL_FRAME, LINK_SLACK_PERCENT, PROFILE_BURST_FRAMES, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
+};
 
 use crate::{
     allocation::{
@@ -159,6 +161,9 @@ struct ClassState {
     mode: Mode,
     next: u64,
     sparse_next: u64,
+    /// The guaranteed rate, bytes/s, and the profile meter at it (`profile_next_ns`).
+    guarantee: u64,
+    profile_next: u64,
     counters: Counters,
     estimator: Estimator,
     /// The source's own clock: when it next offers a packet.
@@ -257,6 +262,7 @@ pub fn simulate_with_headroom(
         .iter()
         .map(|c| ClassState {
             rate: c.rate / 8,
+            guarantee: c.rate / 8,
             estimator: Estimator::with_headroom(headroom),
             ..ClassState::default()
         })
@@ -399,6 +405,14 @@ fn pace(
         Rate::from_bits_per_sec(s.rate * 8),
     );
     let last = flow_last.unwrap_or(0);
+    // A quiet class's packets are metered against its guarantee (`in_profile`).
+    let in_profile = s.mode != Mode::Quiet || {
+        let within = s.guarantee > 0 && s.profile_next <= now + frames_ns(PROFILE_BURST_FRAMES, s.guarantee);
+        if within {
+            s.profile_next = s.profile_next.max(now) + bytes * SECOND / s.guarantee;
+        }
+        within
+    };
     if s.next > now {
         let queue = s.next - now;
         let sparse = last.saturating_add(queue.min(10 * MS)) <= now
@@ -413,7 +427,8 @@ fn pace(
         }
     }
     // A quiet class waits behind the link clock, but for a sparse flow's packet within the
-    // sparse budget; a borrower behind the quiet packets held there.
+    // sparse budget and a packet within its guarantee; a borrower behind the quiet packets
+    // held there.
     let committed = link.take(link_cost, now);
     let start = match s.mode {
         Mode::Quiet if committed > now => {
@@ -421,9 +436,15 @@ fn pace(
                 s.sparse_next = now + cost * SPARSE_SHARE;
                 now
             } else {
+                // Behind the link clock, but within its guarantee it leaves on its own
+                // clock, and the borrowers wait in its place.
                 let start = committed.max(s.next);
                 link.hold = link.hold.max(start + link_cost);
-                start
+                if in_profile {
+                    now
+                } else {
+                    start
+                }
             }
         }
         Mode::Borrowing => link.hold.max(now),

@@ -510,6 +510,13 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
     let horizon = config.horizon_ns;
     let link = LinkSlot::new(p.iface, bytes);
     let committed = link.take(now);
+    // The class's profile meter at its guarantee, for the packets of a quiet class (which
+    // within it do not wait behind the link) and for marking those beyond it. Metered once.
+    let in_profile = if config.flags & CLASS_QUIET != 0 || config.dscp_flags & DSCP_OVER != 0 {
+        in_profile(state, now, bytes, config.guarantee_bytes)
+    } else {
+        true
+    };
     if segs == 1 && sparse(state, flow_last, now, cost, rate, horizon) {
         // A sparse flow leaves ahead of its class's queue, as fq_codel serves new flows
         // first; its slot is still taken from the class clock, so the class keeps to its rate.
@@ -517,15 +524,24 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
         // SAFETY: as for `edt::take_slot`.
         unsafe { edt::fetch_add(next, cost) };
         stats.sparse_packets += 1;
-        remark(ctx, ip, config, state, now, bytes);
+        remark(ctx, ip, config, in_profile);
         return sent.record(stats, now);
     }
     // A quiet class's packet leaves behind what the link has committed (see `CLASS_QUIET`),
     // unless its flow is sparse and the class's sparse budget has room; a borrower's behind
-    // the quiet classes' packets held there (`CLASS_BORROWING`).
+    // the quiet classes' packets held there (`CLASS_BORROWING`). Within its guarantee, a
+    // quiet class's packet leaves on its own clock, as HTB serves a class within its rate
+    // ahead of those that borrow, and the borrowers are held in its place: its interactive
+    // traffic (pings, a few per second in a class of tens of kbit/s, beyond the sparse
+    // budget) does not wait behind the link's queue.
     let start =
         if committed > now && config.flags & CLASS_QUIET != 0 && !(segs == 1 && on_time(state, flow_last, now, cost)) {
-            link.hold_behind(committed, next)
+            let held = link.hold_behind(committed, next);
+            if in_profile {
+                now
+            } else {
+                held
+            }
         } else if config.flags & CLASS_BORROWING != 0 {
             link.after_hold(now)
         } else {
@@ -559,7 +575,7 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
             }
         }
     }
-    remark(ctx, ip, config, state, now, bytes);
+    remark(ctx, ip, config, in_profile);
     sent.record(stats, depart)
 }
 
@@ -567,12 +583,12 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
 /// `over_dscp` beyond the class's guaranteed rate (`DSCP_OVER`), else `set_dscp`
 /// (`DSCP_SET`). A GSO packet is metered and marked as a whole.
 #[inline(always)]
-fn remark(ctx: &TcContext, ip: IpEcn, config: &ClassConfig, state: *mut ClassState, now: u64, bytes: u64) {
+fn remark(ctx: &TcContext, ip: IpEcn, config: &ClassConfig, in_profile: bool) {
     let flags = config.dscp_flags;
     if flags == 0 || ip.family == 0 {
         return;
     }
-    let dscp = if flags & DSCP_OVER != 0 && !in_profile(state, now, bytes, config.guarantee_bytes) {
+    let dscp = if flags & DSCP_OVER != 0 && !in_profile {
         config.over_dscp
     } else if flags & DSCP_SET != 0 {
         config.set_dscp
@@ -593,7 +609,8 @@ fn in_profile(state: *mut ClassState, now: u64, bytes: u64, rate: u64) -> bool {
     let clock = unsafe { core::ptr::addr_of_mut!((*state).profile_next_ns) };
     // SAFETY: as above.
     let tat = unsafe { core::ptr::read_volatile(clock) };
-    if tat > now + frames_ns(PROFILE_BURST_FRAMES, rate) {
+    // No guarantee, no profile: nothing is within it.
+    if rate == 0 || tat > now + frames_ns(PROFILE_BURST_FRAMES, rate) {
         return false;
     }
     let start = if tat > now { tat } else { now };

@@ -447,15 +447,24 @@ pub fn htb_fq_codel_commands(config: &shaper::config::Config, dev: &str) -> Vec<
     let iface = &config.interfaces[0];
     let minor = |name: &str| 10 + config.classes.iter().position(|c| c.name == name).expect("a configured class");
     let link = iface.rate.bits_per_sec();
+    assert!(iface.mpu == 0, "an mpu is not translated");
+    // HTB's rate tables count a packet's length plus `overhead`, in cells with `linklayer atm`,
+    // as shaper does (tc-stab's and CAKE's rules; HTB has no PTM).
+    let framing = match iface.linklayer {
+        shaper::config::LinkLayer::Ethernet if iface.overhead == 0 => String::new(),
+        shaper::config::LinkLayer::Ethernet => format!(" overhead {}", iface.overhead),
+        shaper::config::LinkLayer::Atm => format!(" overhead {} linklayer atm", iface.overhead),
+        shaper::config::LinkLayer::Ptm => panic!("HTB has no PTM link layer"),
+    };
     let mut cmds = vec![
         format!("tc qdisc add dev {dev} root handle 1: htb default {}", minor(&iface.default_class)),
-        format!("tc class add dev {dev} parent 1: classid 1:1 htb rate {link}bit ceil {link}bit"),
+        format!("tc class add dev {dev} parent 1: classid 1:1 htb rate {link}bit ceil {link}bit{framing}"),
     ];
     for c in &config.classes {
         assert!(c.weight.is_none(), "class {}: HTB's quantum is not a weight; this translation has none", c.name);
         let parent = c.parent.as_deref().map_or(1, minor);
         cmds.push(format!(
-            "tc class add dev {dev} parent 1:{parent} classid 1:{} htb rate {}bit ceil {}bit prio {}",
+            "tc class add dev {dev} parent 1:{parent} classid 1:{} htb rate {}bit ceil {}bit prio {}{framing}",
             minor(&c.name),
             c.rate.bits_per_sec(),
             c.ceil.bits_per_sec(),
@@ -477,14 +486,22 @@ pub fn htb_fq_codel_commands(config: &shaper::config::Config, dev: &str) -> Vec<
     }
     for (k, r) in config.rules.iter().enumerate() {
         assert!(r.mark.is_none(), "rule {k}: a mark is not translated to u32");
-        let untranslated = r.len.is_some() || r.tcp_flags.is_some() || r.icmp_type.is_some() || r.src_mac.is_some();
-        assert!(!untranslated, "rule {k}: len, tcp_flags, icmp_type and src_mac are not translated to u32");
+        let untranslated = r.len.is_some() || r.icmp_type.is_some() || r.src_mac.is_some();
+        assert!(!untranslated, "rule {k}: len, icmp_type and src_mac are not translated to u32");
+        // "pure-ack" as the u32 idiom of seed 003 and the LARTC scripts: IPv4, a 20-byte
+        // header, IP length below 64, flags byte ACK alone. It misses IPv6, IP options and
+        // ACKs with TCP options longer than 12 bytes (SACK blocks), which shaper matches.
+        let pure_ack = match r.tcp_flags {
+            None => false,
+            Some(f) if f.value == 0x10 && f.mask == 0x3f && f.no_payload => true,
+            Some(f) => panic!("rule {k}: tcp_flags {f:?} is not translated to u32"),
+        };
         let v6 = matches!(r.src.or(r.dst), Some(ipnet::IpNet::V6(_)));
         let v4 = matches!(r.src.or(r.dst), Some(ipnet::IpNet::V4(_)));
         // One filter per family the rule can match, each at its own prio (a prio holds one
         // protocol), in file order: first match wins, as in shaper.
         for (family, prio) in [("ip", 2 * k + 1), ("ip6", 2 * k + 2)] {
-            if (family == "ip" && v6) || (family == "ip6" && v4) {
+            if (family == "ip" && v6) || (family == "ip6" && (v4 || pure_ack)) {
                 continue;
             }
             let mut m = Vec::new();
@@ -499,9 +516,23 @@ pub fn htb_fq_codel_commands(config: &shaper::config::Config, dev: &str) -> Vec<
             }
             for (what, range) in [("sport", r.sport), ("dport", r.dport)] {
                 if let Some(range) = range {
-                    assert_eq!(range.start, range.end, "rule {k}: a port range is not translated to u32");
-                    m.push(format!("match {family} {what} {} 0xffff", range.start));
+                    // A range u32 can match: a block of 2^n ports that starts at a multiple of
+                    // 2^n (`sport 3072 0xfc00` is 3072-4095).
+                    let size = u32::from(range.end) - u32::from(range.start) + 1;
+                    assert!(
+                        size.is_power_of_two() && u32::from(range.start) % size == 0,
+                        "rule {k}: the port range {}-{} is not one u32 mask",
+                        range.start,
+                        range.end
+                    );
+                    m.push(format!("match {family} {what} {} {:#x}", range.start, 0xffff & !(size - 1)));
                 }
+            }
+            if pure_ack {
+                m.push(
+                    "match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33"
+                        .to_owned(),
+                );
             }
             if let Some(dscp) = r.dscp {
                 let field = if family == "ip" { "tos" } else { "priority" };
@@ -623,14 +654,14 @@ impl UdpReceiver {
     }
 }
 
-/// Sends `load` from the calling thread (inside the LAN namespace), its schedule starting at
-/// `start` (`CLOCK_MONOTONIC`, seconds).
+/// Sends `load` from the calling thread (inside the LAN namespace) to `dst`, its schedule
+/// starting at `start` (`CLOCK_MONOTONIC`, seconds).
 #[expect(
     clippy::cast_possible_truncation,
     clippy::cast_sign_loss,
     reason = "datagram indexes of a schedule of seconds"
 )]
-fn send_udp(load: &UdpLoad, start: f64) -> UdpSent {
+fn send_udp(load: &UdpLoad, dst: &str, start: f64) -> UdpSent {
     let socks: Vec<std::net::UdpSocket> = load
         .ports
         .iter()
@@ -664,7 +695,7 @@ fn send_udp(load: &UdpLoad, start: f64) -> UdpSent {
             out.late += u64::from(now - t > 0.01);
         }
         let i = (k % flows) as usize;
-        match socks[i].send_to(&data, (SERVER, load.ports[i])) {
+        match socks[i].send_to(&data, (dst, load.ports[i])) {
             Ok(_) => out.sent += 1,
             Err(_) => out.errors += 1,
         }
@@ -990,15 +1021,22 @@ impl Topology {
     /// (`CLOCK_MONOTONIC`, seconds); returns once they are bound.
     #[must_use]
     pub fn udp_receiver(&self, ports: &[u16], until: f64) -> UdpReceiver {
+        self.udp_receiver_at(SERVER, ports, until)
+    }
+
+    /// Like [`Self::udp_receiver`], on another of the server namespace's addresses.
+    #[must_use]
+    pub fn udp_receiver_at(&self, addr: &str, ports: &[u16], until: f64) -> UdpReceiver {
         use std::os::fd::AsRawFd as _;
         let ports = ports.to_vec();
+        let addr = addr.to_owned();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let handle = spawn_in(&self.srv, move || {
             let socks: Vec<std::net::UdpSocket> = ports
                 .iter()
                 .map(|&p| {
-                    let s =
-                        std::net::UdpSocket::bind((SERVER, p)).unwrap_or_else(|e| panic!("binding UDP port {p}: {e}"));
+                    let s = std::net::UdpSocket::bind((addr.as_str(), p))
+                        .unwrap_or_else(|e| panic!("binding UDP port {p}: {e}"));
                     s.set_nonblocking(true).expect("non-blocking");
                     setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 8 << 20);
                     setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1);
@@ -1018,7 +1056,14 @@ impl Topology {
     /// (`CLOCK_MONOTONIC`, seconds).
     #[must_use]
     pub fn udp_sender(&self, load: UdpLoad, start: f64) -> std::thread::JoinHandle<UdpSent> {
-        spawn_in(&self.lan, move || send_udp(&load, start))
+        self.udp_sender_to(SERVER, load, start)
+    }
+
+    /// Like [`Self::udp_sender`], to another of the server namespace's addresses.
+    #[must_use]
+    pub fn udp_sender_to(&self, dst: &str, load: UdpLoad, start: f64) -> std::thread::JoinHandle<UdpSent> {
+        let dst = dst.to_owned();
+        spawn_in(&self.lan, move || send_udp(&load, &dst, start))
     }
 
     /// Measures what the gateway's root qdisc on `dev` sends within `[from, to]`

@@ -192,6 +192,58 @@ fn a_quiet_class_waits_behind_the_link_clock() {
     assert_eq!((b.packets, b.idle_packets), (8, 2));
 }
 
+/// A quiet class within its guarantee does not wait behind the link: while its profile meter
+/// (at the guarantee, four full frames of tolerance) has room its packets leave on its own
+/// clock, as HTB serves a class within its rate, and the borrowers are held in their place;
+/// beyond it, they wait behind the link.
+#[test]
+fn a_quiet_class_within_its_guarantee_leaves_on_its_own_clock() {
+    const QUIET: u32 = 2;
+    let mut dp = datapath(&[RuleSpec { sport: Some((2000, 2999)), ..RuleSpec::new(0, QUIET) }]);
+    dp.set_iface(
+        LO,
+        IfaceConfig {
+            slot: 0,
+            default_class: DEFAULT,
+            flags: IFACE_ENABLED,
+            link_bytes: 1_000_000,
+            ..IfaceConfig::default()
+        },
+    )
+    .unwrap();
+    one_megabyte_per_second(&mut dp);
+    // Paced at the link's rate, guaranteed 100,000 bytes/s: a 1000-byte packet takes 10 ms
+    // of its profile, which tolerates 4 × 1514 bytes (60.56 ms).
+    let quiet = ClassConfig {
+        rate_bytes: 1_000_000,
+        guarantee_bytes: 100_000,
+        horizon_ns: 10 * SECOND,
+        flags: CLASS_QUIET,
+        ..ClassConfig::default()
+    };
+    dp.set_class(QUIET, quiet).unwrap();
+    // The busy class commits 6 ms of the link.
+    let bulk: Vec<u64> = (0..6).map(|_| run(&dp, &kilobyte(1000), SkbCtx::default(), 1).ctx.tstamp).collect();
+    let quiet: Vec<u64> = (0..8).map(|_| run(&dp, &kilobyte(2000), SkbCtx::default(), 1).ctx.tstamp).collect();
+    // The first leaves at once (a new flow), the next six on the class's clock, 1 ms apart,
+    // not behind the busy class's 6 ms.
+    for k in 1..7 {
+        assert_eq!(quiet[k], quiet[0] + k as u64 * 1_000_000, "packet {k}: {quiet:?}");
+    }
+    // Held behind the link, the second would have left at 7 ms (the busy class's 6 and the
+    // first's 1).
+    assert!(quiet[1] < bulk[0] + 6_000_000, "within the guarantee, ahead of the link's queue: {quiet:?}");
+    // The eighth is beyond the profile (70 ms of it): behind the link, which the busy class's
+    // 6 ms and the quiet class's seven packets committed.
+    assert_eq!(quiet[7], bulk[0] + 13_000_000);
+    // A borrower waits behind them all.
+    let mut config = dp.class_config(DEFAULT).unwrap();
+    config.flags = CLASS_BORROWING;
+    dp.set_class(DEFAULT, config).unwrap();
+    let borrowed = run(&dp, &kilobyte(1000), SkbCtx::default(), 1).ctx.tstamp;
+    assert_eq!(borrowed, bulk[0] + 14_000_000);
+}
+
 #[test]
 fn a_long_queue_is_not_jumped() {
     let mut dp = datapath(&[]);

@@ -62,6 +62,9 @@ mod linklayer;
 #[path = "vm/ifb.rs"]
 mod ifb;
 
+#[path = "vm/seeds.rs"]
+mod seeds;
+
 fn topology(tag: &str, clients: &[&str]) -> Topology {
     Topology::new(tag, "lan0", "wan0", "10.1.0", clients)
 }

@@ -1,6 +1,10 @@
 //! `cargo xtask demo`: builds everything, then runs `shaper-demo` (the roommates of seed 000
 //! on a gateway of network namespaces, see `tests/src/bin/shaper-demo.rs`) on a kernel with
 //! `sch_fq`: the host's if it has one, otherwise the test VM's.
+//!
+//! `--seed 001`, `002`, ... replays another seed's experiment with its configuration from
+//! `config/`: the VM tests that measure it (`tests/tests/vm/seeds.rs`, `download.rs`,
+//! `ifb.rs`), which print each table next to the seed's own numbers.
 
 use std::{path::PathBuf, process::Command, time::Duration};
 
@@ -18,6 +22,23 @@ pub struct DemoArgs {
     /// TCP flows instead of the seed's UDP.
     #[arg(long)]
     tcp: bool,
+    /// The seed to replay: 000 (the roommates, the default), 001 (a download next to
+    /// browsing, on the LAN side and on WAN ingress), 002 (`DiffServ` classes under UDP
+    /// overload), 003 (a DSL uplink: ping under upload load).
+    #[arg(long, default_value = "000", value_parser = ["000", "001", "002", "003"])]
+    seed: String,
+}
+
+/// The VM tests that replay seed `seed` (other than 000) and print its tables.
+fn seed_tests(seed: &str) -> &'static [&'static str] {
+    match seed {
+        "001" => &[
+            "download::seed_001_a_download_leaves_browsing_fast_and_takes_the_whole_line_alone",
+            "ifb::seed_001_on_wan_ingress_through_an_ifb",
+        ],
+        "002" => &["seeds::seed_002_classes_keep_their_throughput_under_udp_overload"],
+        _ => &["seeds::seed_003_pings_stay_fast_under_a_saturated_dsl_uplink"],
+    }
 }
 
 /// Whether this kernel can run `fq` (probed in a scratch network namespace).
@@ -52,6 +73,16 @@ pub fn build_release_bins() -> anyhow::Result<std::path::PathBuf> {
 pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     setup::require_root("the demo (network namespaces, BPF, qdiscs)")?;
     setup::ensure_all()?;
+    if args.seed != "000" {
+        if args.config.is_some() || args.tcp {
+            bail!(
+                "--config and --tcp are options of seed 000's demo; seed {} replays its own configuration",
+                args.seed
+            );
+        }
+        eprintln!("demo: replaying seed {} in the VM (Debian 6.1 kernel, QEMU)", args.seed);
+        return crate::test::vm_tests(crate::vm::KernelLine::V6_1, seed_tests(&args.seed), Duration::from_secs(1800));
+    }
     build_bins()?;
     let root = util::workspace_root();
     let demo = util::target_dir().join("debug/shaper-demo");

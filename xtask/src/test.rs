@@ -165,7 +165,7 @@ fn host_tests() -> anyhow::Result<()> {
 
 /// Builds the VM test binary on the host, runs it in a VM on the kernel of `line` (all its
 /// tests, or only those named in `only`) and checks it passed them.
-fn vm_tests(line: KernelLine, only: &[&str], timeout: Duration) -> anyhow::Result<()> {
+pub fn vm_tests(line: KernelLine, only: &[&str], timeout: Duration) -> anyhow::Result<()> {
     // The daemon under test is the release build, as on a gateway: a debug build's own CPU
     // time under QEMU's emulation would show in the latency and convergence figures.
     let bins = crate::demo::build_release_bins()?;

@@ -25,7 +25,10 @@
 //!   a tick, or one after another next to borrowers that fill the link; a waking transfer
 //!   starts behind the link's queue (a few ms under CoDel) and gets its share from the next
 //!   tick, its clock carrying that delay on; a sparse flow's packet (a ping, DNS) still
-//!   leaves at once, within the sparse budget. Classes within their guarantee never wait.
+//!   leaves at once, within the sparse budget, and so does a quiet class's packet within
+//!   its guarantee (a meter at the guaranteed rate with a burst of four full frames), the
+//!   borrowers held in its place: HTB serves a class within its rate first. Classes within
+//!   their guarantee never wait.
 //!
 //!   A class is quiet when it is not limited and wants at most 1/[`QUIET_DIVISOR`] of its
 //!   wake rate. The wake rates cost one allocation each; they are refreshed round-robin
