@@ -168,6 +168,14 @@ impl Topology {
         v["Ok"]["status"]["classes"].clone()
     }
 
+    /// The bytes class `name` counted so far ([`Self::status_now`]).
+    #[must_use]
+    pub fn class_bytes(&self, name: &str) -> u64 {
+        let classes = self.status_now();
+        let class = classes.as_array().and_then(|c| c.iter().find(|c| c["name"] == name));
+        class.and_then(|c| c["bytes"].as_u64()).unwrap_or_else(|| panic!("no class {name} in {classes}"))
+    }
+
     /// Prints each leaf class's counters as the daemon reports them: what a failing
     /// measurement needs to be explained (drops by reason, the host share, the queue delay).
     pub fn print_class_counters(&self) {

@@ -145,12 +145,7 @@ fn evening(system: System, tag: &str) -> Evening {
     drop(iperf_server);
     if let Some(mut daemon) = daemon {
         topo.print_class_counters();
-        let classes = topo.status_now();
-        let bytes = |name: &str| {
-            classes.as_array().expect("classes").iter().find(|c| c["name"] == name).expect("a class")["bytes"]
-                .as_u64()
-                .expect("bytes")
-        };
+        let bytes = |name: &str| topo.class_bytes(name);
         let (bulk, browsing) = (bytes("bulk"), bytes("browsing"));
         // The download's packets were shaped on the IFB in "bulk", by their destination; the
         // laptop's echo replies (about 120 of 98 bytes) in "browsing".
