@@ -571,7 +571,8 @@ pub const ORIGIN_SLOTS: u32 = 32768;
 /// ingress, from the original addresses and ports) and keeps while the packet is routed and
 /// translated, so the WAN egress program finds the record by the same hash. Destination,
 /// its port, the protocol and the family are what source NAT leaves alone: the egress
-/// program takes the source from a record only if they match the packet it holds.
+/// program takes the source (address, port and Ethernet address) from a record only if they
+/// match the packet it holds.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Origin {
@@ -582,9 +583,13 @@ pub struct Origin {
     pub dport: u16,
     pub family: u8,
     pub proto: u8,
-    pub _pad: [u8; 2],
+    /// The Ethernet source address the host's frame came with (zero on a LAN-side interface
+    /// without a link-layer header): routing replaces it with the gateway's own, so
+    /// `src_mac` rules on the WAN interface match it only through the record.
+    pub src_mac: [u8; 6],
+    pub _pad: [u8; 4],
 }
-const _: () = assert!(core::mem::size_of::<Origin>() == 40);
+const _: () = assert!(core::mem::size_of::<Origin>() == 48);
 
 /// Name of the program attached at ingress of an interface whose arriving packets are shaped
 /// (`direction = "ingress"`): it redirects them to the egress of the interface's IFB device,

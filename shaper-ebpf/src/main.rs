@@ -117,7 +117,8 @@ fn record_origin(ctx: &TcContext) {
         dport: p.dport,
         family: key.family,
         proto: key.proto,
-        _pad: [0; 2],
+        src_mac: key.src_mac,
+        _pad: [0; 4],
     };
     match ORIGINS.get_ptr_mut(&hash) {
         // The flow's later packets find their record as it is: no write, no LRU update.
@@ -144,6 +145,7 @@ fn same_origin(a: &Origin, b: &Origin) -> bool {
         && a.dport == b.dport
         && a.family == b.family
         && a.proto == b.proto
+        && a.src_mac == b.src_mac
 }
 
 #[inline(always)]
@@ -159,8 +161,8 @@ fn same16(a: &[u8; 16], b: &[u8; 16]) -> bool {
 /// On a WAN interface behind which hosts are translated (`IFACE_NAT`): puts back the source
 /// address and port the packet's flow had on the LAN side, if a record of it is found under
 /// the skb's flow hash and agrees with the packet on what source NAT leaves alone
-/// (destination, its port, protocol, family). Rules on `src` then match the host's own
-/// address, and isolation sees each host apart. Not inlined: a frame of its own, as
+/// (destination, its port, protocol, family). Rules on `src` (and `sport`, `src_mac`) then
+/// match the host's own, and isolation sees each host apart. Not inlined: a frame of its own, as
 /// `link_take`.
 #[inline(never)]
 fn restore_origin(skb: *mut aya_ebpf::bindings::__sk_buff, key: &mut RuleKey, sport: &mut u16, dport: u16) {
@@ -170,6 +172,7 @@ fn restore_origin(skb: *mut aya_ebpf::bindings::__sk_buff, key: &mut RuleKey, sp
     let Some(o) = (unsafe { ORIGINS.get(&hash) }) else { return };
     if o.family == key.family && o.proto == key.proto && o.dport == dport && same16(&o.dst, &key.dst) {
         key.src = o.src;
+        key.src_mac = o.src_mac;
         *sport = o.sport;
     }
 }

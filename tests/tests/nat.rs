@@ -14,6 +14,9 @@ use shaper_tests::{ipv4, ipv6, loopback_datapath, run, run_at, Frame, SkbCtx, L4
 const DEFAULT: u32 = 9;
 const ALEX: u32 = 1;
 const DNS: u32 = 2;
+const BY_MAC: u32 = 3;
+/// A LAN host's Ethernet address (a `src_mac` rule's).
+const HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x01, 0x30];
 
 /// The hosts' addresses on the LAN, the gateway's on the WAN, and a server.
 const HOST: [u8; 4] = [192, 168, 1, 110];
@@ -31,8 +34,9 @@ fn addr(a: [u8; 4]) -> [u8; 16] {
     b
 }
 
-/// Loopback shaped with the rules `src 192.168.1.110 → ALEX` and `src 192.168.1.0/24, UDP
-/// source port 5353 → DNS`, as the upload interface of a NAT (`nat`) or not.
+/// Loopback shaped with the rules `src 192.168.1.110 → ALEX`, `src 192.168.1.0/24, UDP
+/// source port 5353 → DNS` and `src_mac HOST_MAC → BY_MAC`, as the upload interface of a NAT
+/// (`nat`) or not.
 fn datapath(nat: bool) -> shaper::bpf::Datapath {
     let rules = vec![
         RuleSpec { src: Some("192.168.1.110/32".parse().unwrap()), ..RuleSpec::new(0, ALEX) },
@@ -42,6 +46,7 @@ fn datapath(nat: bool) -> shaper::bpf::Datapath {
             sport: Some((5353, 5353)),
             ..RuleSpec::new(1, DNS)
         },
+        RuleSpec { src_mac: Some(HOST_MAC), ..RuleSpec::new(2, BY_MAC) },
     ];
     let mut dp = loopback_datapath(&rules, DEFAULT);
     let flags = IFACE_ENABLED | if nat { IFACE_NAT } else { 0 };
@@ -83,7 +88,16 @@ fn the_ingress_program_records_each_flows_origin_on_lan_interfaces_only() {
     let (_, origin) = dp.origins().into_iter().find(|&(h, _)| h == hash).unwrap();
     assert_eq!(
         origin,
-        Origin { src: addr(HOST), dst: addr(SERVER), sport: 40000, dport: 443, family: 4, proto: 6, _pad: [0; 2] }
+        Origin {
+            src: addr(HOST),
+            dst: addr(SERVER),
+            sport: 40000,
+            dport: 443,
+            family: 4,
+            proto: 6,
+            src_mac: packet[6..12].try_into().unwrap(),
+            _pad: [0; 4]
+        }
     );
     // IPv6 too.
     let host6: Ipv6Addr = "fd00:1::110".parse().unwrap();
@@ -109,7 +123,8 @@ fn a_translated_packet_is_classified_by_its_recorded_origin() {
         dport,
         family: 4,
         proto,
-        _pad: [0; 2],
+        src_mac: [0; 6],
+        _pad: [0; 4],
     };
     // What the LAN side recorded for the flow under the same hash: the host's own address.
     dp.set_origin(hash, origin(HOST, SERVER, 40000, 443, 6)).unwrap();
@@ -133,6 +148,9 @@ fn a_translated_packet_is_classified_by_its_recorded_origin() {
     let udp_hash = hash_of(&mut dp, &translated_udp);
     dp.set_origin(udp_hash, origin(OTHER_HOST, SERVER, 5353, 53, 17)).unwrap();
     assert_eq!(class_of(&dp, &translated_udp), DNS);
+    // And the host's Ethernet address: the frame leaving the WAN carries the gateway's.
+    dp.set_origin(hash, Origin { src_mac: HOST_MAC, ..origin(OTHER_HOST, SERVER, 40000, 443, 6) }).unwrap();
+    assert_eq!(class_of(&dp, &translated), BY_MAC);
 }
 
 #[test]
@@ -140,8 +158,16 @@ fn without_a_lan_side_the_records_are_not_used() {
     let mut dp = datapath(false);
     let translated = v4(GATEWAY, SERVER, L4::Tcp { sport: 61000, dport: 443 });
     let hash = hash_of(&mut dp, &translated);
-    let origin =
-        Origin { src: addr(HOST), dst: addr(SERVER), sport: 40000, dport: 443, family: 4, proto: 6, _pad: [0; 2] };
+    let origin = Origin {
+        src: addr(HOST),
+        dst: addr(SERVER),
+        sport: 40000,
+        dport: 443,
+        family: 4,
+        proto: 6,
+        src_mac: [0; 6],
+        _pad: [0; 4],
+    };
     dp.set_origin(hash, origin).unwrap();
     assert_eq!(class_of(&dp, &translated), DEFAULT);
 }

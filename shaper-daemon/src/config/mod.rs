@@ -93,7 +93,8 @@
 //! `"pure-ack"` (ACK alone and no payload); `icmp_type` is a number or a name
 //! (`echo-request`, ...) of ICMP or `ICMPv6`, as `proto` or the rule's src/dst says;
 //! `src_mac` is the Ethernet source address (`"02:00:00:00:01:10"`), which only the
-//! interface the host's frames reach still carries (not a routed upload interface). A
+//! interface the host's frames reach still carries, or a routed upload interface whose `lan`
+//! interfaces record it with each flow's origin. A
 //! rule applies to the packets leaving its class's interface; a rule with no match field
 //! matches every such packet.
 
