@@ -65,10 +65,10 @@ fn an_atm_class_carries_the_payload_its_cells_leave_room_for() {
 
 /// A device with no Ethernet header (`ppp0` on a DSL line; here an IPIP tunnel, which hands
 /// its qdisc IP packets just as PPP does): shaped directly, its packets are classified on
-/// their IP header and counted from it. With PPPoA's 10 bytes (VC-mux) on ATM, a 58-byte UDP
-/// payload's 86-byte packet takes 96 bytes, two cells, 106 bytes on the line: a class of
-/// 1 mbit/s carries 547 kbit/s of such payload (on an Ethernet device the same packets would
-/// count 14 bytes more, 3 cells).
+/// their IP header and counted from it. With the 10 bytes of `PPPoA` (VC-mux) on ATM, a
+/// 58-byte UDP payload's 86-byte packet takes 96 bytes, two cells, 106 bytes on the line: a
+/// class of 1 mbit/s carries 547 kbit/s of such payload (on an Ethernet device the same
+/// packets would count 14 bytes more, 3 cells).
 #[test]
 fn a_device_without_an_ethernet_header_is_shaped_by_its_ip_packets() {
     require_fq();
