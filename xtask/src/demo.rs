@@ -24,8 +24,9 @@ pub struct DemoArgs {
     tcp: bool,
     /// The seed to replay: 000 (the roommates, the default), 001 (a download next to
     /// browsing, on the LAN side and on WAN ingress), 002 (`DiffServ` classes under UDP
-    /// overload), 003 (a DSL uplink: ping under upload load).
-    #[arg(long, default_value = "000", value_parser = ["000", "001", "002", "003"])]
+    /// overload), 003 (a DSL uplink: ping under upload load), 004 (the lab's ceilings, port
+    /// rules and firewall marks).
+    #[arg(long, default_value = "000", value_parser = ["000", "001", "002", "003", "004"])]
     seed: String,
 }
 
@@ -37,7 +38,8 @@ fn seed_tests(seed: &str) -> &'static [&'static str] {
             "ifb::seed_001_on_wan_ingress_through_an_ifb",
         ],
         "002" => &["seeds::seed_002_classes_keep_their_throughput_under_udp_overload"],
-        _ => &["seeds::seed_003_pings_stay_fast_under_a_saturated_dsl_uplink"],
+        "003" => &["seeds::seed_003_pings_stay_fast_under_a_saturated_dsl_uplink"],
+        _ => &["seeds::seed_004_ceilings_ports_and_marks_as_the_lab_measured"],
     }
 }
 

@@ -15,6 +15,11 @@
 //! file-sharing program's upload from its port range, and pings from the FTP server. The
 //! seed's pings took 1800-2000 ms through the modem's queue, 60-90 ms with CBQ and SFQ. The
 //! FIFO row is the modem: a 2 s queue at the line's rate. About 90 s of VM time.
+//!
+//! Seed 004 (`config/seed-004-lab.toml`): iperf from the lab's client through a 15 Mbit/s
+//! exit port, to port 5001 (6 Mbit/s, no borrowing), 5002 (4, borrowing up to 8), others
+//! (1), each alone and all at once, and a flow the gateway's nftables marks 20 as the seed's
+//! iptables did. About 100 s of VM time.
 
 use shaper_tests::gateway::{
     htb_fq_codel_commands, monotonic_secs, receiver_intervals, require_fq, sleep_until, wire_rate, Topology, UdpLoad,
@@ -320,6 +325,126 @@ fn seed_003_pings_stay_fast_under_a_saturated_dsl_uplink() {
         failures.push(format!(
             "ping p99 under the uploads {ours_p99:.1} ms, above {bar:.1} (HTB+fq_codel's {htb_p99:.1} × 1.1 + 2, or 11)"
         ));
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+// ---- Seed 004: the lab's HTB with ceilings, port rules and firewall marks. ----
+
+const SEED_004: &str = include_str!("../../../config/seed-004-lab.toml");
+
+/// The lab's client (`10.3.34.11` in the seed).
+const LAB_CLIENT: &str = "10.3.34.11";
+/// How long each phase's flows run, and the window their rates are measured over.
+const PHASE_SECONDS: u32 = 8;
+const PHASE_FROM: f64 = 2.0;
+const PHASE_TO: f64 = 7.5;
+
+/// The lab's phases: which destination ports send at once. Port 5004 is no port rule's:
+/// the gateway's nftables marks its packets 20, as the seed's iptables marks 5002's.
+const PHASES: [&[u16]; 5] = [&[5001], &[5002], &[5003], &[5004], &[5001, 5002, 5003]];
+
+/// What each class promises a greedy flow: 5001 its 6 Mbit/s (ceil = rate), 5002 and the
+/// flow marked 20 up to 8 (ceil), 5003 ("other") 1; together 6 + 8 + 1 = the 15 of the link.
+fn seed_004_expected(port: u16) -> f64 {
+    match port {
+        5001 => 6e6,
+        5002 | 5004 => 8e6,
+        _ => 1e6,
+    }
+}
+
+/// The seed's iperf results for each port alone (Mbit/s), where it gives one.
+fn seed_004_figure(port: u16) -> &'static str {
+    match port {
+        5001 => "5.83",
+        5002 => "7.66",
+        5003 => "0.971",
+        _ => "",
+    }
+}
+
+/// Each phase's wire rates (bit/s), per port, through `system`.
+fn lab(system: System, tag: &str) -> Vec<Vec<(u16, f64)>> {
+    let config = shaper::config::Config::parse(SEED_004, std::path::Path::new("seed-004-lab.toml"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let topo = Topology::new(tag, "eth1", "eth0", "10.3.34", &[LAB_CLIENT]);
+    // The seed's marking, on the gateway's way in (eth1, the clients' side).
+    for rule in [
+        "add table ip lab",
+        "add chain ip lab pre { type filter hook prerouting priority -150 ; }",
+        "add rule ip lab pre iifname eth1 tcp dport 5004 meta mark set 20",
+    ] {
+        let mut args = vec!["nft"];
+        args.extend(rule.split(' '));
+        topo.gw.sh(&args);
+    }
+    let mut daemon = match system {
+        System::Fifo => None,
+        System::HtbFqCodel => {
+            // `fw` filters read the mark, as the seed's; the port rules go to u32.
+            let mut no_marks = config.clone();
+            no_marks.rules.retain(|r| r.mark.is_none());
+            let mut script = htb_fq_codel_commands(&no_marks, "eth0");
+            script.push("tc filter add dev eth0 parent 1:0 prio 100 protocol ip handle 20 fw flowid 1:11".to_owned());
+            topo.gw_script(&script);
+            None
+        }
+        System::Shaper => Some(topo.shaperd(SEED_004)),
+    };
+    let mut phases = Vec::new();
+    for ports in PHASES {
+        let servers: Vec<_> = ports.iter().map(|&p| topo.iperf_server(p)).collect();
+        let clients: Vec<_> =
+            ports.iter().map(|&p| (p, topo.iperf_client(LAB_CLIENT, p, PHASE_SECONDS, "0.5"))).collect();
+        phases.push(
+            clients.into_iter().map(|(p, c)| (p, wire_rate(&receiver_intervals(c), PHASE_FROM, PHASE_TO))).collect(),
+        );
+        for mut s in servers {
+            let _ = s.wait();
+        }
+    }
+    if let Some(daemon) = daemon.as_mut() {
+        topo.print_class_counters();
+        daemon.stop();
+    }
+    phases
+}
+
+#[test]
+fn seed_004_ceilings_ports_and_marks_as_the_lab_measured() {
+    require_fq();
+    let htb = lab(System::HtbFqCodel, "shaper-vm-seed004-htb");
+    let ours = lab(System::Shaper, "shaper-vm-seed004");
+    println!("seed 004: a 15 Mbit/s exit port; 5001 in 6/6, 5002 in 4/8, the rest in 1/1 (wire Mbit/s)");
+    println!(
+        "  {:<22} {:>6} {:>10} {:>14} {:>10} {:>10}",
+        "phase", "port", "expected", "seed (alone)", "HTB", "shaper"
+    );
+    let mut failures = Vec::new();
+    for (k, ports) in PHASES.iter().enumerate() {
+        let phase = if ports.len() == 1 { "alone".to_owned() } else { "together".to_owned() };
+        for (i, &port) in ports.iter().enumerate() {
+            let (expected, h, o) = (seed_004_expected(port), htb[k][i].1, ours[k][i].1);
+            let label = if port == 5004 { "5004 (mark 20)".to_owned() } else { port.to_string() };
+            println!(
+                "  {:<10} {:>15} {:>10.3} {:>14} {:>10.3} {:>10.3}",
+                phase,
+                label,
+                expected / 1e6,
+                if ports.len() == 1 { seed_004_figure(port) } else { "" },
+                h / 1e6,
+                o / 1e6
+            );
+            if (o / expected - 1.0).abs() > 0.03 {
+                failures.push(format!(
+                    "port {port} {phase}: {:.3} Mbit/s, not {:.3} (±3 %; HTB {:.3})",
+                    o / 1e6,
+                    expected / 1e6,
+                    h / 1e6
+                ));
+            }
+        }
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
