@@ -22,8 +22,8 @@
 //! iptables did. About 100 s of VM time.
 
 use shaper_tests::gateway::{
-    htb_fq_codel_commands, monotonic_secs, receiver_intervals, require_fq, sleep_until, wire_rate, Topology, UdpLoad,
-    SERVER, UDP_WIRE_HEADERS,
+    htb_fq_codel_commands, monotonic_secs, receiver_intervals, require_fq, sleep_until, wire_rate, Daemon, Topology,
+    UdpLoad, SERVER, UDP_WIRE_HEADERS,
 };
 
 use super::{p99, rtts};
@@ -82,57 +82,69 @@ struct Got {
     delivered: f64,
 }
 
-fn run(system: System, tag: &str) -> Vec<[Got; 4]> {
-    let config = shaper::config::Config::parse(SEED_002, std::path::Path::new("seed-002-diffserv.toml"))
+/// The seed 002 gateway with `config` (TOML text) through `system`: the generator on the LAN,
+/// the receivers' addresses on the server's side.
+fn seed_002_gateway(system: System, tag: &str, config: &str) -> (Topology, Option<Daemon>) {
+    let parsed = shaper::config::Config::parse(config, std::path::Path::new("seed-002-diffserv.toml"))
         .unwrap_or_else(|e| panic!("{e}"));
     let topo = Topology::new(tag, "lan0", "eth1", "192.168.1", &[GENERATOR]);
     for flow in &FLOWS {
         topo.srv.sh(&["ip", "addr", "add", &format!("{}/32", flow.receiver), "dev", "eth0"]);
     }
     topo.gw.sh(&["ip", "route", "add", "198.51.100.0/24", "via", "10.2.0.2", "dev", "eth1"]);
-    let mut daemon = match system {
+    let daemon = match system {
         // The seed's reference: one queue at the link's rate (tbf's 100 ms of buffer).
         System::Fifo => {
             topo.gw_script(&["tc qdisc add dev eth1 root tbf rate 10mbit burst 3000 latency 100ms".to_owned()]);
             None
         }
         System::HtbFqCodel => {
-            topo.gw_script(&htb_fq_codel_commands(&config, "eth1"));
+            topo.gw_script(&htb_fq_codel_commands(&parsed, "eth1"));
             None
         }
-        System::Shaper => Some(topo.shaperd(SEED_002)),
+        System::Shaper => Some(topo.shaperd(config)),
     };
-    let mut steps = Vec::new();
-    for best_effort in STEPS {
-        let start = monotonic_secs() + 0.5;
-        let until = start + STEP_SECONDS + 1.0;
-        let receivers: Vec<_> = FLOWS.iter().map(|f| topo.udp_receiver_at(f.receiver, &[f.port], until)).collect();
-        let senders: Vec<_> = FLOWS
-            .iter()
-            .map(|f| {
-                let fps = if f.fps > 0.0 { f.fps } else { best_effort * 1e6 / 8.0 / f.frame as f64 };
-                let load = UdpLoad {
-                    src: GENERATOR.to_owned(),
-                    ports: vec![f.port],
-                    payload: f.frame - UDP_WIRE_HEADERS,
-                    pps_per_flow: fps,
-                    on_off: None,
-                    seconds: STEP_SECONDS,
-                };
-                topo.udp_sender_to(f.receiver, load, start)
-            })
-            .collect();
-        let sent: Vec<u64> = senders.into_iter().map(|s| s.join().expect("a sender").sent).collect();
-        let mut got = [Got::default(); 4];
-        for (i, receiver) in receivers.into_iter().enumerate() {
-            let arrivals = receiver.finish();
-            got[i] = Got {
-                rate: arrivals.wire_rate(start + MEASURE_FROM, start + MEASURE_TO),
-                delivered: arrivals.times.len() as f64 / sent[i].max(1) as f64,
+    (topo, daemon)
+}
+
+/// Sends the UDP `flows` at once for [`STEP_SECONDS`] from `start`, the best-effort one at
+/// `best_effort` Mbit/s; what arrived of each.
+fn udp_step(topo: &Topology, flows: &[&Flow], best_effort: f64, start: f64) -> Vec<Got> {
+    let until = start + STEP_SECONDS + 1.0;
+    let receivers: Vec<_> = flows.iter().map(|f| topo.udp_receiver_at(f.receiver, &[f.port], until)).collect();
+    let senders: Vec<_> = flows
+        .iter()
+        .map(|f| {
+            let fps = if f.fps > 0.0 { f.fps } else { best_effort * 1e6 / 8.0 / f.frame as f64 };
+            let load = UdpLoad {
+                src: GENERATOR.to_owned(),
+                ports: vec![f.port],
+                payload: f.frame - UDP_WIRE_HEADERS,
+                pps_per_flow: fps,
+                on_off: None,
+                seconds: STEP_SECONDS,
             };
-        }
-        steps.push(got);
-    }
+            topo.udp_sender_to(f.receiver, load, start)
+        })
+        .collect();
+    let sent: Vec<u64> = senders.into_iter().map(|s| s.join().expect("a sender").sent).collect();
+    receivers
+        .into_iter()
+        .zip(sent)
+        .map(|(receiver, sent)| {
+            let arrivals = receiver.finish();
+            Got {
+                rate: arrivals.wire_rate(start + MEASURE_FROM, start + MEASURE_TO),
+                delivered: arrivals.times.len() as f64 / sent.max(1) as f64,
+            }
+        })
+        .collect()
+}
+
+fn run(system: System, tag: &str) -> Vec<Vec<Got>> {
+    let (topo, mut daemon) = seed_002_gateway(system, tag, SEED_002);
+    let flows: Vec<&Flow> = FLOWS.iter().collect();
+    let steps = STEPS.iter().map(|&be| udp_step(&topo, &flows, be, monotonic_secs() + 0.5)).collect();
     if let Some(daemon) = daemon.as_mut() {
         topo.print_class_counters();
         daemon.stop();
@@ -159,7 +171,7 @@ fn seed_002_classes_keep_their_throughput_under_udp_overload() {
             offered, "seed 002 CBQ", seed[0], seed[1], seed[2], seed[3]
         );
         for (label, run) in [("FIFO", &fifo), ("HTB+fq_codel", &htb), ("shaper", &ours)] {
-            let g = run[k];
+            let g = &run[k];
             println!(
                 "  {:>11}  {:<13} {:>9.2} {:>9.2} {:>9.2} {:>11.2}   {:.3} / {:.3} / {:.3}",
                 "",
@@ -195,6 +207,94 @@ fn seed_002_classes_keep_their_throughput_under_udp_overload() {
                 best_effort / 1e6,
                 htb[k][3].rate / 1e6
             ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The seed's Table 4 (CBQ, a TCP transfer in place of audio): voice, TCP, best effort
+/// (kbit/s) at each step.
+const SEED_TABLE_4: [[f64; 3]; 5] = [
+    [64.32, 1133.84, 8167.53],
+    [63.04, 1067.44, 8054.33],
+    [63.33, 1091.92, 8079.73],
+    [63.49, 1061.68, 8119.25],
+    [64.32, 116.80, 8192.98],
+];
+
+/// Table 4's classes: the seed's 100 kbit/s for voice, 4 Mbit/s for the TCP transfer (in
+/// "audio", whose receiver it goes to), 5 Mbit/s for the best effort; video is idle.
+fn table_4_config() -> String {
+    let replace = |text: String, from: &str, to: &str| {
+        assert!(text.contains(from), "{from:?} not in config/seed-002-diffserv.toml");
+        text.replace(from, to)
+    };
+    let text = replace(
+        SEED_002.to_owned(),
+        "name = \"audio\"             # Flow 2 (the TCP transfer in Tables 3 and 4)\nrate = \"100kbit\"\nceil = \"100kbit\"",
+        "name = \"audio\"\nrate = \"4mbit\"\nceil = \"4mbit\"",
+    );
+    let text = replace(text, "rate = \"1.1mbit\"\nceil = \"1.1mbit\"", "rate = \"100kbit\"\nceil = \"100kbit\"");
+    replace(text, "rate = \"8mbit\"\nceil = \"8mbit\"", "rate = \"5mbit\"\nceil = \"5mbit\"")
+}
+
+/// Table 4's run: per step, what the voice flow got, the TCP transfer's wire rate (bit/s)
+/// and the best effort's.
+fn table_4(system: System, tag: &str) -> Vec<(Got, f64, Got)> {
+    let (topo, mut daemon) = seed_002_gateway(system, tag, &table_4_config());
+    let flows = [&FLOWS[0], &FLOWS[3]];
+    let mut steps = Vec::new();
+    for (k, best_effort) in STEPS.into_iter().enumerate() {
+        let port = 6102 + u16::try_from(k).expect("five steps");
+        let server = topo.iperf_server(port);
+        let start = monotonic_secs() + 0.5;
+        let tcp = topo.iperf_client_to(FLOWS[1].receiver, GENERATOR, port, 5, "0.5", &[]);
+        let got = udp_step(&topo, &flows, best_effort, start);
+        // The transfer's rate once past its first second, over the UDP flows' window.
+        let tcp = wire_rate(&receiver_intervals(tcp), 1.5, MEASURE_TO);
+        drop(server);
+        steps.push((got[0], tcp, got[1]));
+    }
+    if let Some(daemon) = daemon.as_mut() {
+        topo.print_class_counters();
+        daemon.stop();
+    }
+    steps
+}
+
+#[test]
+fn seed_002_a_tcp_transfer_keeps_its_class_under_udp_overload() {
+    require_fq();
+    let htb = table_4(System::HtbFqCodel, "shaper-vm-seed002t4-htb");
+    let ours = table_4(System::Shaper, "shaper-vm-seed002t4");
+    println!("seed 002, Table 4: VoIP, a TCP transfer (4 Mbit/s class) and best effort (5), kbit/s");
+    println!("  {:>11}  {:<13} {:>9} {:>9} {:>11}", "best effort", "system", "voip", "TCP", "best effort");
+    let mut failures = Vec::new();
+    for (k, offered) in STEPS.iter().enumerate() {
+        let seed = SEED_TABLE_4[k];
+        println!("  {:>8.2} M  {:<13} {:>9.2} {:>9.2} {:>11.2}", offered, "seed 002 CBQ", seed[0], seed[1], seed[2]);
+        for (label, run) in [("HTB+fq_codel", &htb), ("shaper", &ours)] {
+            let (voip, tcp, be) = run[k];
+            println!("  {:>11}  {:<13} {:>9.2} {:>9.2} {:>11.2}", "", label, voip.rate / 1e3, tcp / 1e3, be.rate / 1e3);
+        }
+        // The seed's CBQ let the transfer fall to 117 kbit/s at 50 Mbit/s of best effort; its
+        // class promises 4 Mbit/s, and the VoIP flow loses nothing.
+        let (voip, tcp, be) = ours[k];
+        if tcp < 4e6 * 0.97 {
+            failures.push(format!(
+                "best effort at {offered} Mbit/s: the TCP transfer got {:.3} Mbit/s of its 4",
+                tcp / 1e6
+            ));
+        }
+        if voip.delivered < 0.97 {
+            failures.push(format!(
+                "best effort at {offered} Mbit/s: {:.1} % of the VoIP datagrams arrived",
+                voip.delivered * 100.0
+            ));
+        }
+        if (be.rate / 5e6 - 1.0).abs() > 0.03 {
+            failures
+                .push(format!("best effort at {offered} Mbit/s got {:.3} Mbit/s, not its class's 5", be.rate / 1e6));
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
