@@ -124,15 +124,14 @@ fn a_sparse_flow_leaves_ahead_of_a_backlogged_class() {
     assert_eq!((s.sparse_packets, s.packets, s.idle_packets), (1, 10, 1));
 }
 
-/// A quiet class (paced at its wake rate, which the busy classes' rates leave no room for)
-/// waits behind the departures the link has committed, but for a sparse flow's packet; a
-/// busy class within its guarantee keeps to its own clock, and one that borrows waits
-/// behind the quiet packets the link held.
-#[test]
-fn a_quiet_class_waits_behind_the_link_clock() {
-    const QUIET: u32 = 2;
+/// The class of the packets from ports 2000-2999 (`kilobyte(2000)`'s) in the link-clock
+/// tests.
+const QUIET: u32 = 2;
+
+/// Loopback with a link clock of 1,000,000 bytes/s; the default class at that rate, and a
+/// rule for [`QUIET`] (whose class the test sets).
+fn link_and_quiet_class() -> Datapath {
     let mut dp = datapath(&[RuleSpec { sport: Some((2000, 2999)), ..RuleSpec::new(0, QUIET) }]);
-    // The link and both classes at 1,000,000 bytes/s.
     dp.set_iface(
         LO,
         IfaceConfig {
@@ -145,6 +144,16 @@ fn a_quiet_class_waits_behind_the_link_clock() {
     )
     .unwrap();
     one_megabyte_per_second(&mut dp);
+    dp
+}
+
+/// A quiet class (paced at its wake rate, which the busy classes' rates leave no room for)
+/// waits behind the departures the link has committed, but for a sparse flow's packet; a
+/// busy class within its guarantee keeps to its own clock, and one that borrows waits
+/// behind the quiet packets the link held.
+#[test]
+fn a_quiet_class_waits_behind_the_link_clock() {
+    let mut dp = link_and_quiet_class();
     // A burst of 3 ms: credit for an idle class's packets that leave now, not for those the
     // link holds back.
     let quiet = ClassConfig {
@@ -198,20 +207,7 @@ fn a_quiet_class_waits_behind_the_link_clock() {
 /// beyond it, they wait behind the link.
 #[test]
 fn a_quiet_class_within_its_guarantee_leaves_on_its_own_clock() {
-    const QUIET: u32 = 2;
-    let mut dp = datapath(&[RuleSpec { sport: Some((2000, 2999)), ..RuleSpec::new(0, QUIET) }]);
-    dp.set_iface(
-        LO,
-        IfaceConfig {
-            slot: 0,
-            default_class: DEFAULT,
-            flags: IFACE_ENABLED,
-            link_bytes: 1_000_000,
-            ..IfaceConfig::default()
-        },
-    )
-    .unwrap();
-    one_megabyte_per_second(&mut dp);
+    let mut dp = link_and_quiet_class();
     // Paced at the link's rate, guaranteed 100,000 bytes/s: a 1000-byte packet takes 10 ms
     // of its profile, which tolerates 4 × 1514 bytes (60.56 ms).
     let quiet = ClassConfig {

@@ -22,7 +22,11 @@ use shaper_tests::gateway::{
     SERVER,
 };
 
-use super::{download::ping_in, links::new_veth, p99, rtts};
+use super::{
+    download::{ping_in, seed_001_failures},
+    links::new_veth,
+    p99, rtts,
+};
 
 /// Seed 001's classes (as `config/seed-001-download.toml`) on the WAN interface's ingress.
 const CONFIG: &str = r#"
@@ -173,26 +177,9 @@ fn seed_001_on_wan_ingress_through_an_ifb() {
     let p50_p99 = |v: &[f64]| format!("{:.1} / {:.1}", v[v.len() / 2], p99(v));
     row("laptop's ping RTT p50 / p99 (ms) under the download", p50_p99(&htb.ping_loaded), p50_p99(&ours.ping_loaded));
 
-    let mut failures = Vec::new();
-    // Alone, the Eeebox's class takes the whole line (ceil = the line), within 3 %.
-    let error = ours.bulk_alone / LINE - 1.0;
-    if error.abs() > 0.03 {
-        failures.push(format!(
-            "the download alone ran at {:.3} mbit/s, {:+.2} % off the line's 0.9 (HTB: {:.3})",
-            ours.bulk_alone / 1e6,
-            error * 100.0,
-            htb.bulk_alone / 1e6
-        ));
-    }
-    // Under the download the laptop's pings wait no longer than through HTB + fq_codel.
-    let (ours_p99, htb_p99) = (p99(&ours.ping_loaded), p99(&htb.ping_loaded));
-    let bar = htb_p99 * 1.1 + 2.0;
-    if ours_p99 > bar {
-        failures.push(format!(
-            "the laptop's ping p99 under the download is {ours_p99:.2} ms, above HTB+fq_codel's {htb_p99:.2} × 1.1 + \
-             2 ms = {bar:.2}"
-        ));
-    }
+    // Alone, the Eeebox's class takes the whole line (ceil = the line), within 3 %; under the
+    // download the laptop's pings wait no longer than through HTB + fq_codel.
+    let failures = seed_001_failures((ours.bulk_alone, &ours.ping_loaded), (htb.bulk_alone, &htb.ping_loaded), 0.03);
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
