@@ -298,6 +298,16 @@ impl Netns {
         sh(&full)
     }
 
+    /// Runs `nft` once per rule (a command line, split at whitespace) inside the namespace,
+    /// panicking if one fails.
+    pub fn nft(&self, rules: &[&str]) {
+        for rule in rules {
+            let mut args = vec!["nft"];
+            args.extend(rule.split_whitespace());
+            self.sh(&args);
+        }
+    }
+
     /// Moves the calling thread into the namespace: its sockets, and the processes it starts,
     /// are inside from then on (a test thread that talks to daemons on the namespace's
     /// loopback).

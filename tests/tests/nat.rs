@@ -34,6 +34,11 @@ fn addr(a: [u8; 4]) -> [u8; 16] {
     b
 }
 
+/// An IPv4 flow's origin as the LAN side records it, without an Ethernet address.
+fn origin(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, proto: u8) -> Origin {
+    Origin { src: addr(src), dst: addr(dst), sport, dport, family: 4, proto, src_mac: [0; 6], _pad: [0; 4] }
+}
+
 /// Loopback shaped with the rules `src 192.168.1.110 → ALEX`, `src 192.168.1.0/24, UDP
 /// source port 5353 → DNS` and `src_mac HOST_MAC → BY_MAC`, as the upload interface of a NAT
 /// (`nat`) or not.
@@ -85,20 +90,8 @@ fn the_ingress_program_records_each_flows_origin_on_lan_interfaces_only() {
     assert_eq!(run_at(&dp, Hook::LanIngress, &packet, SkbCtx::default(), 1).action, TC_ACT_OK);
     assert!(dp.origins().is_empty(), "nothing recorded off the LAN side: {:?}", dp.origins());
     let hash = hash_of(&mut dp, &packet);
-    let (_, origin) = dp.origins().into_iter().find(|&(h, _)| h == hash).unwrap();
-    assert_eq!(
-        origin,
-        Origin {
-            src: addr(HOST),
-            dst: addr(SERVER),
-            sport: 40000,
-            dport: 443,
-            family: 4,
-            proto: 6,
-            src_mac: packet[6..12].try_into().unwrap(),
-            _pad: [0; 4]
-        }
-    );
+    let (_, recorded) = dp.origins().into_iter().find(|&(h, _)| h == hash).unwrap();
+    assert_eq!(recorded, Origin { src_mac: packet[6..12].try_into().unwrap(), ..origin(HOST, SERVER, 40000, 443, 6) });
     // IPv6 too.
     let host6: Ipv6Addr = "fd00:1::110".parse().unwrap();
     let server6: Ipv6Addr = "2001:db8::7".parse().unwrap();
@@ -116,16 +109,6 @@ fn a_translated_packet_is_classified_by_its_recorded_origin() {
     let translated = v4(GATEWAY, SERVER, L4::Tcp { sport: 61000, dport: 443 });
     assert_eq!(class_of(&dp, &translated), DEFAULT, "no origin recorded: classified as it is");
     let hash = hash_of(&mut dp, &translated);
-    let origin = |src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, proto: u8| Origin {
-        src: addr(src),
-        dst: addr(dst),
-        sport,
-        dport,
-        family: 4,
-        proto,
-        src_mac: [0; 6],
-        _pad: [0; 4],
-    };
     // What the LAN side recorded for the flow under the same hash: the host's own address.
     dp.set_origin(hash, origin(HOST, SERVER, 40000, 443, 6)).unwrap();
     assert_eq!(class_of(&dp, &translated), ALEX);
@@ -158,16 +141,6 @@ fn without_a_lan_side_the_records_are_not_used() {
     let mut dp = datapath(false);
     let translated = v4(GATEWAY, SERVER, L4::Tcp { sport: 61000, dport: 443 });
     let hash = hash_of(&mut dp, &translated);
-    let origin = Origin {
-        src: addr(HOST),
-        dst: addr(SERVER),
-        sport: 40000,
-        dport: 443,
-        family: 4,
-        proto: 6,
-        src_mac: [0; 6],
-        _pad: [0; 4],
-    };
-    dp.set_origin(hash, origin).unwrap();
+    dp.set_origin(hash, origin(HOST, SERVER, 40000, 443, 6)).unwrap();
     assert_eq!(class_of(&dp, &translated), DEFAULT);
 }

@@ -69,6 +69,16 @@ fn topology(tag: &str, clients: &[&str]) -> Topology {
     Topology::new(tag, "lan0", "wan0", "10.1.0", clients)
 }
 
+/// An example configuration (`config/<file>`, its text `text`) with `edits` made: each
+/// `(from, to)` replaces text that must be there, so that a file edited since fails loudly
+/// rather than being tested as it is.
+fn edited(file: &str, text: &str, edits: &[(&str, &str)]) -> String {
+    edits.iter().fold(text.to_owned(), |text, (from, to)| {
+        assert!(text.contains(from), "{from:?} not in config/{file}");
+        text.replace(from, to)
+    })
+}
+
 /// Static rates: every class's ceil is its rate, so nothing is borrowed.
 const STATIC_CONFIG: &str = r#"
 [[interface]]

@@ -27,16 +27,16 @@ use shaper_tests::{
 
 use super::{p99, rtts};
 
-const SEED_001: &str = include_str!("../../../config/seed-001-download.toml");
+pub(super) const SEED_001: &str = include_str!("../../../config/seed-001-download.toml");
 /// The gateway's LAN interface in the file.
-const LAN_IF: &str = "br-lan";
+pub(super) const LAN_IF: &str = "br-lan";
 /// The Eeebox (the file's bulk host) and a laptop (no rule: "browsing").
-const EEEBOX: &str = "192.168.1.120";
-const LAPTOP: &str = "192.168.1.130";
+pub(super) const EEEBOX: &str = "192.168.1.120";
+pub(super) const LAPTOP: &str = "192.168.1.130";
 /// The gateway's address on the server's side: pings from the server to it are not shaped.
 const GATEWAY_WAN: &str = "10.2.0.1";
 /// The file's line rate, bit/s.
-const LINE: f64 = 900e3;
+pub(super) const LINE: f64 = 900e3;
 /// How long the laptop fetches pages on the idle line before the download, seconds.
 const IDLE_FETCHES: f64 = 2.5;
 const DOWNLOAD_SECONDS: u32 = 20;

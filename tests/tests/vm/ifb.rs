@@ -23,45 +23,24 @@ use shaper_tests::gateway::{
 };
 
 use super::{
-    download::{ping_in, seed_001_failures},
+    download::{ping_in, seed_001_failures, EEEBOX, LAN_IF, LAPTOP, LINE, SEED_001},
+    edited,
     links::new_veth,
     p99, rtts,
 };
 
-/// Seed 001's classes (as `config/seed-001-download.toml`) on the WAN interface's ingress.
-const CONFIG: &str = r#"
-[[interface]]
-name = "wan0"
-rate = "900kbit"
-default = "browsing"
-direction = "ingress"
+/// `config/seed-001-download.toml` as it is, but for where it shapes: the WAN interface's
+/// ingress rather than the LAN bridge's egress.
+fn config() -> String {
+    edited(
+        "seed-001-download.toml",
+        SEED_001,
+        &[("name = \"br-lan\"", "name = \"wan0\""), ("direction = \"download\"", "direction = \"ingress\"")],
+    )
+}
 
-[[class]]
-name = "bulk"
-rate = "200kbit"
-ceil = "900kbit"
-prio = 1
-aqm_target = "20ms"
-
-[[class]]
-name = "browsing"
-rate = "700kbit"
-ceil = "900kbit"
-prio = 0
-aqm_target = "20ms"
-
-[[rule]]
-class = "bulk"
-dst = "192.168.1.120"
-"#;
-
-const LAN_IF: &str = "br-lan";
-const EEEBOX: &str = "192.168.1.120";
-const LAPTOP: &str = "192.168.1.130";
 /// The IFB device shaperd creates for wan0.
 const IFB: &str = "ifb-wan0";
-/// The line's rate, bit/s.
-const LINE: f64 = 900e3;
 const DOWNLOAD_SECONDS: u32 = 16;
 /// When the laptop starts pinging (for 6 s, every 50 ms: `download.rs`'s `ping_in`), seconds
 /// after the download's client was started.
@@ -118,7 +97,7 @@ fn evening(system: System, tag: &str) -> Evening {
         System::HtbFqCodel => {
             // As an ingress shaping guide has it: an IFB, all of wan0's ingress sent to its
             // egress by act_mirred, the tree on the IFB.
-            let config = shaper::config::Config::parse(CONFIG, std::path::Path::new("ifb.toml"))
+            let config = shaper::config::Config::parse(&config(), std::path::Path::new("ifb.toml"))
                 .unwrap_or_else(|e| panic!("{e}"));
             let mut script = vec![
                 "ip link add ifb-htb type ifb".to_owned(),
@@ -131,7 +110,7 @@ fn evening(system: System, tag: &str) -> Evening {
             None
         }
         System::Shaper => {
-            let daemon = topo.shaperd(CONFIG);
+            let daemon = topo.shaperd(&config());
             assert!(has_link(&topo, IFB), "shaperd created no {IFB}: {}", daemon.log());
             let root = topo.gw.sh(&["tc", "qdisc", "show", "dev", IFB, "root"]);
             assert!(String::from_utf8_lossy(&root.stdout).contains("fq 5a1f:"), "no fq on {IFB}");

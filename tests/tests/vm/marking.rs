@@ -44,7 +44,7 @@ fn counted(topo: &shaper_tests::gateway::Topology, name: &str) -> u64 {
 fn packets_beyond_the_guaranteed_rate_leave_re_marked() {
     require_fq();
     let topo = topology("shaper-vm-marking", &["10.1.0.2", "10.1.0.9"]);
-    for rule in [
+    topo.srv.nft(&[
         "add table inet marks",
         "add counter inet marks af11",
         "add counter inet marks cs1",
@@ -55,12 +55,7 @@ fn packets_beyond_the_guaranteed_rate_leave_re_marked() {
         "add rule inet marks in ip saddr 10.1.0.2 ip dscp cs1 counter name cs1",
         "add rule inet marks in ip saddr 10.1.0.9 ip dscp != cs0 counter name other",
         "add rule inet marks in ip saddr 10.1.0.9 counter name guest",
-    ] {
-        let mut args = vec!["nft"];
-        args.extend(rule.split(' '));
-        let out = topo.srv.sh(&args);
-        assert!(out.status.success(), "nft {rule}: {}", String::from_utf8_lossy(&out.stderr));
-    }
+    ]);
     let daemon = topo.shaperd(MARKING_CONFIG);
     // alex alone, greedy: 2 mbit/s of it in profile, the rest (8 mbit/s) out. The guest
     // sends EF-marked packets, which leave washed.

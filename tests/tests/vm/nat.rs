@@ -79,16 +79,11 @@ fn behind_a_masquerading_gateway_hosts_are_classified_by_their_own_addresses() {
     require_fq();
     let topo = topology("shaper-vm-nat", &["10.1.0.2", "10.1.0.3", "10.1.0.4"]);
     topo.srv.sh(&["ip", "route", "del", "10.1.0.0/24"]);
-    for rule in [
+    topo.gw.nft(&[
         "add table ip nat",
         "add chain ip nat post { type nat hook postrouting priority 100 ; }",
         "add rule ip nat post oifname wan0 masquerade",
-    ] {
-        let mut args = vec!["nft"];
-        args.extend(rule.split(' '));
-        let out = topo.gw.sh(&args);
-        assert!(out.status.success(), "nft {rule}: {}", String::from_utf8_lossy(&out.stderr));
-    }
+    ]);
     let mut daemon = topo.shaperd(NAT_CONFIG);
     assert_eq!(attachments(&topo, "lan0", TcAttachType::Ingress), 1, "one attachment at ingress of lan0");
     assert_eq!(egress_filters(&topo, "wan0"), 1, "one attachment at egress of wan0");

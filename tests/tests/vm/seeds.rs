@@ -26,7 +26,7 @@ use shaper_tests::gateway::{
     UdpLoad, SERVER, UDP_WIRE_HEADERS,
 };
 
-use super::{p99, rtts};
+use super::{edited, p99, rtts};
 
 const SEED_002: &str = include_str!("../../../config/seed-002-diffserv.toml");
 
@@ -225,17 +225,18 @@ const SEED_TABLE_4: [[f64; 3]; 5] = [
 /// Table 4's classes: the seed's 100 kbit/s for voice, 4 Mbit/s for the TCP transfer (in
 /// "audio", whose receiver it goes to), 5 Mbit/s for the best effort; video is idle.
 fn table_4_config() -> String {
-    let replace = |text: String, from: &str, to: &str| {
-        assert!(text.contains(from), "{from:?} not in config/seed-002-diffserv.toml");
-        text.replace(from, to)
-    };
-    let text = replace(
-        SEED_002.to_owned(),
-        "name = \"audio\"             # Flow 2 (the TCP transfer in Tables 3 and 4)\nrate = \"100kbit\"\nceil = \"100kbit\"",
-        "name = \"audio\"\nrate = \"4mbit\"\nceil = \"4mbit\"",
-    );
-    let text = replace(text, "rate = \"1.1mbit\"\nceil = \"1.1mbit\"", "rate = \"100kbit\"\nceil = \"100kbit\"");
-    replace(text, "rate = \"8mbit\"\nceil = \"8mbit\"", "rate = \"5mbit\"\nceil = \"5mbit\"")
+    edited(
+        "seed-002-diffserv.toml",
+        SEED_002,
+        &[
+            (
+                "name = \"audio\"             # Flow 2 (the TCP transfer in Tables 3 and 4)\nrate = \"100kbit\"\nceil = \"100kbit\"",
+                "name = \"audio\"\nrate = \"4mbit\"\nceil = \"4mbit\"",
+            ),
+            ("rate = \"1.1mbit\"\nceil = \"1.1mbit\"", "rate = \"100kbit\"\nceil = \"100kbit\""),
+            ("rate = \"8mbit\"\nceil = \"8mbit\"", "rate = \"5mbit\"\nceil = \"5mbit\""),
+        ],
+    )
 }
 
 /// Table 4's run: per step, what the voice flow got, the TCP transfer's wire rate (bit/s)
@@ -470,15 +471,11 @@ fn lab(system: System, tag: &str) -> Vec<Vec<(u16, f64)>> {
         .unwrap_or_else(|e| panic!("{e}"));
     let topo = Topology::new(tag, "eth1", "eth0", "10.3.34", &[LAB_CLIENT]);
     // The seed's marking, on the gateway's way in (eth1, the clients' side).
-    for rule in [
+    topo.gw.nft(&[
         "add table ip lab",
         "add chain ip lab pre { type filter hook prerouting priority -150 ; }",
         "add rule ip lab pre iifname eth1 tcp dport 5004 meta mark set 20",
-    ] {
-        let mut args = vec!["nft"];
-        args.extend(rule.split(' '));
-        topo.gw.sh(&args);
-    }
+    ]);
     let mut daemon = match system {
         System::Fifo => None,
         System::HtbFqCodel => {
