@@ -293,15 +293,21 @@ pub(super) fn set_ifaces(
     Ok(())
 }
 
+/// The index of interface `iface`, to attach at `hook` of: an interface that is gone
+/// meanwhile is an attach error, as at the start.
+fn existing_index(iface: &str, hook: Hook) -> Result<u32, BpfError> {
+    netdev::index(iface).ok_or_else(|| BpfError::Attach {
+        iface: iface.to_owned(),
+        hook,
+        source: aya::programs::ProgramError::IOError(std::io::Error::from(std::io::ErrorKind::NotFound)),
+    })
+}
+
 /// Makes `iface` a LAN-side interface: its packets' origins are recorded (see
 /// `shaper_common::Origin`) by the program attached at its ingress. An interface that is gone
 /// meanwhile is an error, as at the start.
 pub(super) fn set_up_lan(datapath: &mut Datapath, iface: &str) -> Result<(AttachMode, bool), BpfError> {
-    let index = netdev::index(iface).ok_or_else(|| BpfError::Attach {
-        iface: iface.to_owned(),
-        hook: Hook::LanIngress,
-        source: aya::programs::ProgramError::IOError(std::io::Error::from(std::io::ErrorKind::NotFound)),
-    })?;
+    let index = existing_index(iface, Hook::LanIngress)?;
     datapath.set_lan_iface(index, if netdev::is_l3(iface) { LAN_L3 } else { 0 })?;
     datapath.attach(iface, Hook::LanIngress)
 }
@@ -316,11 +322,7 @@ pub(super) async fn set_up_redirect(
     iface: &str,
     ifb: u32,
 ) -> Result<(AttachMode, bool), DaemonError> {
-    let index = netdev::index(iface).ok_or_else(|| BpfError::Attach {
-        iface: iface.to_owned(),
-        hook: Hook::IfbRedirect,
-        source: aya::programs::ProgramError::IOError(std::io::Error::from(std::io::ErrorKind::NotFound)),
-    })?;
+    let index = existing_index(iface, Hook::IfbRedirect)?;
     match Datapath::attach_mode() {
         AttachMode::Tcx => {
             datapath.set_ifb_target(index, ifb)?;
