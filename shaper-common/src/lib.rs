@@ -29,9 +29,86 @@ pub const PORT_SLOTS: u32 = 65536;
 /// Hosts (or flows) remembered for isolation inside classes (`HOSTS`, an LRU hash).
 pub const HOST_SLOTS: u32 = 65536;
 
-/// Flows remembered for sparse-flow priority (`FLOWS`, an LRU hash: the least recently
-/// seen flow is forgotten first).
+/// Slots of the flow cache (`FLOWS`, an array indexed by the flow's hash: a flow takes the
+/// slot over from the one that had it). A power of two.
 pub const FLOW_SLOTS: u32 = 65536;
+
+/// Value of `FLOWS`: a flow the datapath has seen, found again by its hash ([`flow_hash`])
+/// without a hash-map lookup, and what it needs of it on each packet: the rules' answer for
+/// it and its latest departure (sparse-flow priority).
+///
+/// CPUs write entries without locks; a reader that finds `check != tag ^ meta` (a write
+/// under way, or torn by another) treats the entry as a miss.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowEntry {
+    /// The flow's [`flow_hash`].
+    pub tag: u64,
+    /// The class of the first rule that matches the flow ([`NO_RULE`]: none matches) in
+    /// the low 32 bits; `Globals::generation` of the rules that said so in the high ones.
+    pub meta: u64,
+    pub check: u64,
+    /// When the flow's latest packet was to leave (`CLOCK_MONOTONIC` ns).
+    pub last_ns: u64,
+}
+
+/// `FlowEntry::meta`'s class when no rule matches the flow (its interface's default class
+/// applies).
+pub const NO_RULE: u32 = u32::MAX;
+
+/// The bits of the `(offset, size)` fields of a [`RuleKey`] in its little-endian words.
+const fn key_bits(fields: &[(usize, usize)]) -> [u64; RULE_KEY_WORDS] {
+    let mut mask = [0; RULE_KEY_WORDS];
+    let mut f = 0;
+    while f < fields.len() {
+        let (offset, size) = fields[f];
+        let mut byte = offset;
+        while byte < offset + size {
+            mask[byte / 8] |= 0xff << ((byte % 8) * 8);
+            byte += 1;
+        }
+        f += 1;
+    }
+    mask
+}
+
+/// The fields of a [`RuleKey`] that may differ between the packets of one flow.
+const PER_PACKET_MASK: [u64; RULE_KEY_WORDS] = key_bits(&[
+    (core::mem::offset_of!(RuleKey, tcp_flags), 1),
+    (core::mem::offset_of!(RuleKey, len), 2),
+    (core::mem::offset_of!(RuleKey, l4), 1),
+]);
+
+/// The words of a [`RuleKey`] that make a flow: all but the tuple id, the fields that differ
+/// between the packets of a flow, and the ports' interval ids ([`flow_hash`] takes the raw
+/// ports).
+pub const FLOW_KEY_MASK: [u64; RULE_KEY_WORDS] = {
+    let other = key_bits(&[(core::mem::offset_of!(RuleKey, tuple), 2), (core::mem::offset_of!(RuleKey, sport), 4)]);
+    let mut mask = [0; RULE_KEY_WORDS];
+    let mut i = 0;
+    while i < RULE_KEY_WORDS {
+        mask[i] = !(PER_PACKET_MASK[i] | other[i]);
+        i += 1;
+    }
+    mask
+};
+
+/// The flow of a packet whose key (as the parser left it: no interval ids) is `words` and
+/// whose raw ports are `sport` and `dport`: a 64-bit hash, multiply and shift per word.
+/// Never 0 (the value of an empty slot).
+#[inline(always)]
+#[must_use]
+pub const fn flow_hash(words: &[u64; RULE_KEY_WORDS], sport: u16, dport: u16) -> u64 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut h = K ^ ((sport as u64) << 16 | dport as u64);
+    let mut i = 0;
+    while i < RULE_KEY_WORDS {
+        h = (h ^ (words[i] & FLOW_KEY_MASK[i])).wrapping_mul(K);
+        h ^= h >> 29;
+        i += 1;
+    }
+    h | 1
+}
 
 /// A sparse flow's packets may use at most `1 / SPARSE_SHARE` of their class's rate ahead of
 /// the class's queue (a budget kept by `ClassState::sparse_next_ns`); the rest wait in the queue.
@@ -76,7 +153,7 @@ pub fn delay_bucket(delay_ns: u64) -> usize {
 /// The version of the maps' layout (their key and value types and sizes). Pinned maps live in
 /// a directory named after it, so a shaperd whose maps differ never opens the pins of another:
 /// bump it whenever a map definition or a struct in this file changes.
-pub const MAP_LAYOUT_VERSION: u32 = 6;
+pub const MAP_LAYOUT_VERSION: u32 = 7;
 
 /// Map names, as they appear in the object file.
 pub mod maps {
@@ -298,13 +375,43 @@ pub struct Globals {
     /// The daemon's tick count: the datapath counts each host once per epoch
     /// (`ClassStats::hosts_near`, `hosts_over`).
     pub epoch: u32,
+    /// Goes up by one each time the daemon switches rule banks (or back): a classification
+    /// the flow cache holds from another generation is not used (see [`FlowEntry`]).
+    pub generation: u32,
+    /// [`RULES_PER_PACKET`].
+    pub flags: u32,
     pub _pad: u32,
 }
 
+impl Globals {
+    /// The rule bank and the tuple count, packed in one word (a BPF function takes five
+    /// arguments of a word each, at most).
+    #[expect(clippy::inline_always, reason = "called per packet in the tc program, which has no calls to spare")]
+    #[inline(always)]
+    #[must_use]
+    pub const fn packed(&self) -> u64 {
+        ((self.bank as u64) << 32) | self.tuple_count as u64
+    }
+
+    /// What [`Self::packed`] packed; the other fields zero.
+    #[expect(clippy::inline_always, reason = "called per packet in the tc program, which has no calls to spare")]
+    #[expect(clippy::cast_possible_truncation, reason = "the two halves of the word")]
+    #[inline(always)]
+    #[must_use]
+    pub const fn unpacked(word: u64) -> Self {
+        Self { tuple_count: word as u32, bank: (word >> 32) as u32, epoch: 0, generation: 0, flags: 0, _pad: 0 }
+    }
+}
+
+/// `Globals::flags`: some rule tests a field that differs between the packets of one flow
+/// (TCP flags, the IP length, whether a TCP segment carries payload), so the flow cache's
+/// classification is not used: each packet is classified.
+pub const RULES_PER_PACKET: u32 = 1;
+
 /// The fields a packet is classified on. The same layout is the key of `RULES`: a rule is
 /// stored with every field it does not test zeroed, and the packet's key is masked by the
-/// rule's tuple before the lookup.
-#[repr(C)]
+/// rule's tuple before the lookup. Aligned to 8 bytes: the datapath reads it as words.
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct RuleKey {
     /// Tuple id (set from the tuple, not from the packet).
@@ -364,6 +471,15 @@ pub struct Tuple {
     pub mask: [u64; RULE_KEY_WORDS],
     pub min_rule: u32,
     pub _pad: u32,
+}
+
+impl Tuple {
+    /// Whether the tuple's rules test a field that differs between the packets of one flow
+    /// (see [`RULES_PER_PACKET`]).
+    #[must_use]
+    pub fn per_packet(&self) -> bool {
+        self.mask.iter().zip(&PER_PACKET_MASK).any(|(m, p)| m & p != 0)
+    }
 }
 
 /// Value of a `RULES` entry.
@@ -435,8 +551,9 @@ pub const DSCP_OVER: u8 = 2;
 /// Full frames at the guaranteed rate a class may send at once and stay in profile.
 pub const PROFILE_BURST_FRAMES: u64 = 4;
 
-/// Key of `HOSTS`: a host (or flow) of a class.
-#[repr(C)]
+/// Key of `HOSTS`: a host (or flow) of a class. Aligned to 8 bytes: the datapath zeroes it a
+/// word at a time.
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct HostKey {
     pub class: u32,
@@ -518,6 +635,10 @@ pub struct ClassStats {
     /// departure): the class had no queue. A class that sends and never finds its clock idle
     /// is held back by its rate (the daemon's demand estimator reads this).
     pub idle_packets: u64,
+    /// Packets whose flow the flow cache did not hold (a new flow, one evicted by another
+    /// flow of the same slot, or a classification of an older rule set): classified by the
+    /// rules.
+    pub flow_misses: u64,
 }
 
 impl ClassStats {
@@ -544,12 +665,14 @@ impl ClassStats {
         self.hosts_over += o.hosts_over;
         self.drop_share_packets += o.drop_share_packets;
         self.drop_share_bytes += o.drop_share_bytes;
+        self.flow_misses += o.flow_misses;
         self
     }
 }
 
 const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 32);
-const _: () = assert!(core::mem::size_of::<Globals>() == 16);
+const _: () = assert!(core::mem::size_of::<Globals>() == 24);
+const _: () = assert!(core::mem::size_of::<FlowEntry>() == 32);
 const _: () = assert!(core::mem::size_of::<RuleKey>() == RULE_KEY_WORDS * 8);
 const _: () = assert!(core::mem::size_of::<Tuple>() == 8 * RULE_KEY_WORDS + 8);
 const _: () = assert!(core::mem::size_of::<RuleTarget>() == 8);
@@ -557,7 +680,7 @@ const _: () = assert!(core::mem::size_of::<ClassConfig>() == 96);
 const _: () = assert!(core::mem::size_of::<HostKey>() == 24);
 const _: () = assert!(core::mem::size_of::<HostState>() == 16);
 const _: () = assert!(core::mem::size_of::<ClassState>() == 56);
-const _: () = assert!(core::mem::size_of::<ClassStats>() == 136 + 8 * DELAY_BUCKETS);
+const _: () = assert!(core::mem::size_of::<ClassStats>() == 144 + 8 * DELAY_BUCKETS);
 
 /// `LAN_IFACES` value flags: the LAN-side interface has no link-layer header (as
 /// [`IFACE_L3`]).
@@ -615,6 +738,7 @@ mod pod {
     unsafe impl aya::Pod for super::HostKey {}
     unsafe impl aya::Pod for super::HostState {}
     unsafe impl aya::Pod for super::Origin {}
+    unsafe impl aya::Pod for super::FlowEntry {}
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ use nix::{
 use shaper_common::{
     maps, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, Origin, RuleKey, RuleTarget, Tuple,
     IFB_PROGRAM_NAME, INGRESS_PROGRAM_NAME, MAP_LAYOUT_VERSION, MAX_CLASSES, MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS,
-    PROGRAM_NAME,
+    PROGRAM_NAME, RULES_PER_PACKET,
 };
 
 use crate::rules::Compiled;
@@ -836,9 +836,7 @@ impl Datapath {
             for undo in journal.into_iter().rev() {
                 let restored = match undo {
                     Undo::Class(class, old) => self.set_class(class, old),
-                    Undo::Rules(old) => {
-                        self.globals.set(0, old, 0).map_err(map_err(maps::GLOBALS, "switching back to the old rules"))
-                    }
+                    Undo::Rules(old) => self.switch_rules(old, "switching back to the old rules"),
                     Undo::Iface(ifindex, Some(old)) => self.set_iface(ifindex, old),
                     Undo::Iface(ifindex, None) => self.remove_iface(ifindex),
                 };
@@ -900,11 +898,21 @@ impl Datapath {
             // it undoes this one.
             journal.push(Undo::Rules(old));
         }
-        self.globals
-            .set(0, Globals { tuple_count: count, bank, epoch, _pad: 0 }, 0)
-            .map_err(map_err(maps::GLOBALS, "switching to the new rule bank"))?;
+        let flags = if compiled.tuples.iter().any(Tuple::per_packet) { RULES_PER_PACKET } else { 0 };
+        self.switch_rules(
+            Globals { tuple_count: count, bank, epoch, flags, ..Globals::default() },
+            "switching to the new rule bank",
+        )?;
         self.banks[bank as usize] = BankContents { keys: Some(keys), ports: Some(ports) };
         Ok(())
+    }
+
+    /// Makes `rules` the active rule bank, in a new generation (the flow cache's answers of
+    /// every other one are stale), and in the epoch the datapath is in.
+    fn switch_rules(&mut self, rules: Globals, doing: &'static str) -> Result<(), BpfError> {
+        let old = self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the rules' generation"))?;
+        let globals = Globals { generation: old.generation.wrapping_add(1), epoch: old.epoch, ..rules };
+        self.globals.set(0, globals, 0).map_err(map_err(maps::GLOBALS, doing))
     }
 
     /// Starts a new epoch: the datapath counts each host of a class once per epoch

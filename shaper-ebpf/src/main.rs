@@ -16,7 +16,10 @@
 mod aqm;
 mod classify;
 mod edt;
+mod flow;
 mod parse;
+
+use flow::Flow;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
@@ -27,9 +30,9 @@ use aya_ebpf::{
 };
 use shaper_common::{
     delay_bucket, frames_ns, ClassConfig, ClassState, ClassStats, Globals, HostKey, HostState, IfaceConfig, LinkState,
-    Origin, RuleKey, RuleTarget, Tuple, CLASS_BORROWING, CLASS_QUIET, DSCP_OVER, DSCP_SET, FLOW_SLOTS, HOST_SLOTS,
-    IFACE_DOWNLOAD, IFACE_L3, IFACE_NAT, ISOLATE_FLOW, ISOLATE_NONE, LAN_L3, MAX_CLASSES, MAX_IFB_TARGETS,
-    MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, ORIGIN_SLOTS, PORT_SLOTS, PROFILE_BURST_FRAMES, RULE_BANKS,
+    Origin, RuleKey, RuleTarget, Tuple, CLASS_BORROWING, CLASS_QUIET, DSCP_OVER, DSCP_SET, HOST_SLOTS, IFACE_DOWNLOAD,
+    IFACE_L3, IFACE_NAT, ISOLATE_FLOW, ISOLATE_NONE, LAN_L3, MAX_CLASSES, MAX_IFB_TARGETS, MAX_INTERFACES,
+    MAX_RULE_ENTRIES, MAX_TUPLES, NO_RULE, ORIGIN_SLOTS, PORT_SLOTS, PROFILE_BURST_FRAMES, RULE_BANKS,
     SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
 };
 
@@ -54,9 +57,6 @@ static CLASS_CONFIG: Array<ClassConfig> = Array::with_max_entries(MAX_CLASSES, 0
 static CLASS_STATE: Array<ClassState> = Array::with_max_entries(MAX_CLASSES, 0);
 #[map]
 static CLASS_STATS: PerCpuArray<ClassStats> = PerCpuArray::with_max_entries(MAX_CLASSES, 0);
-/// (class id << 32 | flow hash) → departure time of the flow's latest packet.
-#[map]
-static FLOWS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(FLOW_SLOTS, 0);
 /// (class, host or flow) → the host's clock at its fair share (isolation inside classes).
 #[map]
 static HOSTS: LruHashMap<HostKey, HostState> = LruHashMap::with_max_entries(HOST_SLOTS, 0);
@@ -100,8 +100,9 @@ fn record_origin(ctx: &TcContext) {
     let ifindex = unsafe { (*skb).ifindex };
     // SAFETY: the value lives as long as the map.
     let Some(flags) = (unsafe { LAN_IFACES.get(&ifindex) }) else { return };
-    let mut key = RuleKey::default();
-    let Ok(p) = parse::parse(ctx, *flags & LAN_L3 != 0, &mut key) else { return };
+    let mut key = core::mem::MaybeUninit::<RuleKey>::uninit();
+    let key = zero_in_place(&mut key);
+    let Ok(p) = parse::parse(ctx, *flags & LAN_L3 != 0, key) else { return };
     if key.family == 0 {
         return;
     }
@@ -228,30 +229,38 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     // SAFETY: the value lives as long as the map.
     let iface = unsafe { IFACES.get(&ifindex) }.ok_or(())?;
 
-    let mut key = RuleKey { iface: iface.slot as u16, ..RuleKey::default() };
+    let mut key = core::mem::MaybeUninit::<RuleKey>::uninit();
+    let key = zero_in_place(&mut key);
+    key.iface = iface.slot as u16;
     // SAFETY: as above.
     key.mark = unsafe { (*skb).mark };
     let set = classify::rule_set();
-    let (class, hdr_len, ip) = match parse::parse(ctx, iface.flags & IFACE_L3 != 0, &mut key) {
+    let (rule_class, flow, hdr_len, ip) = match parse::parse(ctx, iface.flags & IFACE_L3 != 0, key) {
         Ok(mut p) => {
             if iface.flags & IFACE_NAT != 0 {
-                restore_origin(skb, &mut key, &mut p.sport, p.dport);
+                restore_origin(skb, key, &mut p.sport, p.dport);
             }
-            classify::interval_ids(set, &mut key, &p);
-            let class = classify::classify(set, &key).map_or(iface.default_class, |t| t.class);
-            (class, p.hdr_len, IpEcn { family: key.family, l3: p.l3, ecn: p.ecn })
+            // The flow cache first: the rules are searched for a flow's first packet (or
+            // after the rules changed), not for each.
+            let flow = Flow::find(key, p.sport, p.dport, set);
+            let rule_class = classify::flow_class(key, &p, set.packed(), flow.class(set)) as u32;
+            (rule_class, flow, p.hdr_len, IpEcn { family: key.family, l3: p.l3, ecn: p.ecn })
         }
-        Err(parse::Malformed) => (iface.default_class, 0, IpEcn { family: 0, l3: 0, ecn: 0 }),
+        Err(parse::Malformed) => (NO_RULE, Flow::none(), 0, IpEcn { family: 0, l3: 0, ecn: 0 }),
     };
+    let class = if rule_class == NO_RULE { iface.default_class } else { rule_class };
     // The host is the address on the hosts' side of the gateway: the source of an upload,
     // the destination of a download (zero for packets that are not IP).
     let host = if iface.flags & IFACE_DOWNLOAD != 0 { &key.dst } else { &key.src };
-    Ok(shape(ctx, &Packet { class, hdr_len, ip, host, iface }))
+    Ok(shape(ctx, &Packet { class, rule_class, flow, hdr_len, ip, host, iface }))
 }
 
 /// What the parser and the classifier learnt of a packet, for [`shape`].
 struct Packet<'a> {
     class: u32,
+    /// The rules' answer: `class`, or `NO_RULE` if the interface's default applies.
+    rule_class: u32,
+    flow: Flow,
     /// Bytes of headers every GSO segment carries.
     hdr_len: u32,
     ip: IpEcn,
@@ -483,9 +492,10 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
     // unchecked division would bring a panic path the verifier rejects).
     let cost = (bytes * NS).checked_div(rate).unwrap_or(0);
 
-    // SAFETY: the helper only reads (and caches) the skb's flow hash.
-    let hash = unsafe { bpf_get_hash_recalc(skb) };
-    let flow = (u64::from(class) << 32) | u64::from(hash);
+    if p.flow.missed(p.rule_class) {
+        stats.flow_misses += segs;
+    }
+    let flow = (u64::from(class) << 32) | (p.flow.tag & 0xffff_ffff);
     let over = match if config.isolation == ISOLATE_NONE || config.share_bytes == 0 {
         Share::Over
     } else {
@@ -503,13 +513,11 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
         }
         Share::Drop => true,
     };
-    // One lookup serves both the sparse test and the update after pacing. The value may be
-    // recycled for another flow by the LRU meanwhile; the map's memory stays valid, and the
-    // worst outcome is one flow's time written for another, which only steers the heuristic.
-    let flow_slot = FLOWS.get_ptr_mut(&flow);
-    // SAFETY: a valid map value pointer, read once.
-    let flow_last = flow_slot.map_or(0, |p| unsafe { core::ptr::read_volatile(p) });
-    let sent = Sent { skb, flow, flow_slot, tstamp, own, now, bytes, segs };
+    // The flow cache's entry serves both the sparse test and the update after pacing. Another
+    // flow may take the slot over meanwhile; the worst outcome is one flow's time written for
+    // another, which only steers the heuristic.
+    let flow_last = p.flow.last(p.rule_class);
+    let sent = Sent { skb, flow: &p.flow, rule_class: p.rule_class, tstamp, own, now, bytes, segs };
     let horizon = config.horizon_ns;
     let link = LinkSlot::new(p.iface, bytes);
     let committed = link.take(now);
@@ -688,13 +696,16 @@ fn share(config: &ClassConfig, host: &[u8; 16], class_hash: u64, bytes: u64, sta
     let (class, hash) = ((class_hash >> 32) as u32, class_hash as u32);
     // Built in place: an array built element by element took a stack slot per byte, and this
     // frame counts within the 512 bytes the verifier allows a call chain.
-    let mut key = HostKey { class, kind: config.isolation, addr: [0; 16] };
+    let mut key = core::mem::MaybeUninit::<HostKey>::uninit();
+    let key = zero_in_place(&mut key);
+    key.class = class;
+    key.kind = config.isolation;
     if config.isolation == ISOLATE_FLOW {
         key.addr[..4].copy_from_slice(&hash.to_ne_bytes());
     } else {
         key.addr = *host;
     }
-    let key = &key;
+    let key = &*key;
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let epoch = classify::rule_set().epoch;
@@ -746,10 +757,10 @@ fn share(config: &ClassConfig, host: &[u8; 16], class_hash: u64, bytes: u64, sta
 }
 
 /// A packet that leaves: what recording its departure needs.
-struct Sent {
+struct Sent<'a> {
     skb: *mut aya_ebpf::bindings::__sk_buff,
-    flow: u64,
-    flow_slot: Option<*mut u64>,
+    flow: &'a Flow,
+    rule_class: u32,
     /// The skb's timestamp as it came.
     tstamp: u64,
     /// The sender's departure time, if it set one later than now; else 0.
@@ -759,7 +770,7 @@ struct Sent {
     segs: u64,
 }
 
-impl Sent {
+impl Sent<'_> {
     /// Counts the packet, remembers its flow's departure and sets its departure time: the
     /// class's `depart`, or the sender's own time if that is later.
     #[inline(always)]
@@ -775,13 +786,7 @@ impl Sent {
         stats.bytes += self.bytes;
         stats.packets += self.segs;
         let depart = if self.own > depart { self.own } else { depart };
-        match self.flow_slot {
-            // SAFETY: a valid map value pointer (see `shape`).
-            Some(p) => unsafe { core::ptr::write_volatile(p, depart) },
-            None => {
-                let _ = FLOWS.insert(&self.flow, &depart, 0);
-            }
-        }
+        self.flow.record(self.rule_class, depart);
         if depart != self.tstamp {
             // SAFETY: writing tstamp is allowed at tc egress; a write there marks the skb's
             // timestamp as a mono delivery time (bpf_convert_tstamp_write()).
@@ -850,6 +855,24 @@ fn sparse_budget(state: *mut ClassState, now: u64, cost: u64) -> bool {
     let budget_next = unsafe { core::ptr::read_volatile(budget) };
     // SAFETY: as above; a lost race only sends this packet through the queue.
     budget_next <= now && unsafe { edt::cas(budget, budget_next, now + cost * SPARSE_SHARE) }
+}
+
+/// Zeroes `value` in place, a word at a time, and returns it. `Default` and struct literals
+/// zero what they leave out with a call of `memset`, which the BPF target implements as a
+/// loop over bytes (bpf-linker has LLVM keep memory operations as calls, in order): zeroing
+/// a key took 260 instructions. Volatile stores are not merged into such a call, and writing
+/// them in place leaves no copy that LLVM could turn back into one. `T` is plain data of
+/// whole, aligned words (checked at compile time).
+#[inline(always)]
+pub(crate) fn zero_in_place<T: Copy>(value: &mut core::mem::MaybeUninit<T>) -> &mut T {
+    const { assert!(core::mem::size_of::<T>().is_multiple_of(8) && core::mem::align_of::<T>() >= 8) };
+    let words = value.as_mut_ptr().cast::<u64>();
+    for i in 0..core::mem::size_of::<T>() / 8 {
+        // SAFETY: within the value, aligned (asserted above).
+        unsafe { core::ptr::write_volatile(words.add(i), 0) };
+    }
+    // SAFETY: every byte written; `T` is plain data, for which all zeros is a value.
+    unsafe { value.assume_init_mut() }
 }
 
 #[cfg(not(test))]

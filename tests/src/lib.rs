@@ -10,6 +10,7 @@ use std::{
     process::{Command, Output},
 };
 
+pub mod bench;
 pub mod chart;
 pub mod gateway;
 pub mod prometheus;

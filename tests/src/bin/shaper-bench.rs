@@ -1,7 +1,17 @@
-//! `cargo xtask bench`: the datapath's cost per packet, measured with `BPF_PROG_TEST_RUN`
-//! (many repeats per run, the kernel's own timing), for 10 and 10,000 rules, next to a tc
-//! program that does nothing, measured in the same run. Prints figures and ratios; asserts
-//! nothing (the tests do that).
+//! `cargo xtask bench`: what shaper costs, each figure next to a baseline measured in the same
+//! run, as one table with ratios (see `shaper_tests::bench`), written to `target/bench/` as
+//! JSON and a PNG chart.
+//!
+//! - The datapath on a packet mix of many flows, more than its flow cache holds: each
+//!   `BPF_PROG_TEST_RUN` runs one packet of the mix (the kernel times the run), next to a tc
+//!   program that does nothing, run on the same packets. Also on one packet repeated, the
+//!   figure earlier versions printed.
+//! - The control loop's tick (demand estimators and the allocator) at 10,000 classes, next to
+//!   the same at 100 classes (scaling), and against the 1 ms it may take.
+//! - The control loop's tick length and headroom on the model.
+//!
+//! `--short` runs fewer packets and ticks and skips the model sweep; `--check` exits non-zero
+//! if a ratio misses its goal (CI runs both).
 #![allow(
     clippy::cast_precision_loss,
     clippy::cast_possible_truncation,
@@ -11,25 +21,42 @@
 
 use std::net::Ipv4Addr;
 
+use aya::programs::{TestRun, TestRunOptions};
+use clap::Parser;
 use ipnet::IpNet;
 use shaper::{bpf::Datapath, rules::RuleSpec};
-use shaper_common::{ClassConfig, ISOLATE_HOST};
-use shaper_tests::{ipv4, loopback_datapath, require_root, run, Frame, SkbCtx, L4};
+use shaper_common::{ClassConfig, FLOW_SLOTS, ISOLATE_HOST};
+use shaper_tests::{
+    bench::{Report, Row},
+    ipv4, loopback_datapath, require_root, run, Frame, SkbCtx, L4,
+};
 
-/// Runs per measurement, and measurements per figure (the median is reported).
-const REPEAT: u32 = 200_000;
-const SAMPLES: usize = 7;
+#[derive(Parser, Debug)]
+struct Args {
+    /// Fewer packets and ticks, no model sweep (CI).
+    #[arg(long)]
+    short: bool,
+    /// Exit with status 1 if a ratio misses its goal.
+    #[arg(long)]
+    check: bool,
+    /// Where the JSON and PNG go.
+    #[arg(long, default_value = "target/bench")]
+    out: std::path::PathBuf,
+}
+
+/// Classes the rules point to (0 is the default class).
+const CLASSES: u32 = 20;
 
 fn host_rules(n: u32) -> Vec<RuleSpec> {
     (0..n)
         .map(|i| RuleSpec {
-            src: Some(IpNet::from(std::net::IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)))),
-            ..RuleSpec::new(i, i % 16)
+            src: Some(IpNet::from(std::net::IpAddr::V4(Ipv4Addr::from(HOSTS_BASE + i)))),
+            ..RuleSpec::new(i, 1 + i % 16)
         })
         .collect()
 }
 
-/// A household/office mix: hosts, a subnet, ports, DSCP and a mark, six tuple shapes.
+/// A household/office mix: DSCP, ports, a mark, a subnet and hosts, six tuple shapes.
 fn mixed_rules() -> Vec<RuleSpec> {
     let base = RuleSpec::new(0, 1);
     let mut rules = vec![
@@ -46,14 +73,12 @@ fn mixed_rules() -> Vec<RuleSpec> {
     rules
 }
 
-fn datapath(rules: &[RuleSpec]) -> Datapath {
-    datapath_with(rules, ClassConfig::default())
-}
+const HOSTS_BASE: u32 = 0x0a00_0000;
 
 /// Every class paced, and set up as `extra` has it otherwise.
 fn datapath_with(rules: &[RuleSpec], extra: ClassConfig) -> Datapath {
-    let mut dp = loopback_datapath(rules, 20);
-    for class in 0..=20 {
+    let mut dp = loopback_datapath(rules, 0);
+    for class in 0..=CLASSES {
         // Fast enough that the class clock never runs into the horizon during the runs.
         dp.set_class(class, ClassConfig { rate_bytes: 1_000_000_000_000, horizon_ns: 10_000_000_000, ..extra })
             .unwrap();
@@ -74,15 +99,191 @@ fn isolated() -> ClassConfig {
     }
 }
 
-/// Median ns per packet over SAMPLES runs of REPEAT.
-fn ns_per_packet(mut one_run: impl FnMut() -> std::time::Duration) -> f64 {
-    let mut samples: Vec<f64> = (0..SAMPLES).map(|_| one_run().as_secs_f64() * 1e9).collect();
-    samples.sort_by(f64::total_cmp);
-    samples[SAMPLES / 2]
+/// A small, fast, deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
 }
 
-fn main() {
-    require_root();
+/// How the packets of the mix are spread over its flows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Spread {
+    /// Flow sizes as measured on real links: the k-th largest flow sends in proportion to
+    /// 1/k (Zipf, s = 1), so a few flows carry most packets and most flows a few.
+    Zipf,
+    /// Every flow equally likely: no flow sends twice in a row more than chance has it (the
+    /// flow cache's worst case).
+    Uniform,
+}
+
+/// One flow of the mix: its packet and skb mark.
+struct FlowSpec {
+    packet: Vec<u8>,
+    mark: u32,
+}
+
+/// Flows in the mix: twice the flow cache's slots.
+const MIX_FLOWS: u32 = 2 * FLOW_SLOTS;
+
+/// Flow `i` of the mix: a source among `hosts` hosts, TCP to a web server mostly, some DNS,
+/// calls, a port range, a subnet, DSCP 46 and a mark, each flow with a source port of its own.
+/// The largest flows carry full frames, the others small packets.
+fn flow(i: u32, hosts: u32) -> FlowSpec {
+    let mut h = Rng(u64::from(i).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let pick = h.next();
+    let src = Ipv4Addr::from(HOSTS_BASE + (pick % u64::from(hosts)) as u32);
+    let dst = if (pick >> 20).is_multiple_of(8) { Ipv4Addr::new(192, 0, 2, 7) } else { Ipv4Addr::new(198, 51, 100, 1) };
+    let sport = 1024 + (i % 60_000) as u16;
+    let l4 = match (pick >> 24) % 10 {
+        0 => L4::Udp { sport, dport: 53 },
+        1 => L4::Udp { sport, dport: 3478 },
+        2 => L4::Tcp { sport, dport: 3072 + (pick >> 32) as u16 % 1024 },
+        _ => L4::Tcp { sport, dport: 443 },
+    };
+    let tos = if (pick >> 40).is_multiple_of(16) { 46 << 2 } else { 0 };
+    let payload = if i < 1000 { 1400 } else { 100 };
+    let mark = if (pick >> 44).is_multiple_of(16) { 0x10 } else { 0 };
+    FlowSpec { packet: ipv4(&Frame { tos, payload, ..Frame::default() }, src, dst, l4), mark }
+}
+
+/// The order in which a mix's packets come: flow indexes, `len` of them.
+fn sequence(spread: Spread, len: usize, seed: u64) -> Vec<u32> {
+    let mut rng = Rng(seed);
+    match spread {
+        Spread::Uniform => (0..len).map(|_| (rng.next() % u64::from(MIX_FLOWS)) as u32).collect(),
+        Spread::Zipf => {
+            // Inverse of the cumulative distribution, by binary search.
+            let mut cdf = Vec::with_capacity(MIX_FLOWS as usize);
+            let mut sum = 0.0;
+            for k in 1..=MIX_FLOWS {
+                sum += 1.0 / f64::from(k);
+                cdf.push(sum);
+            }
+            (0..len)
+                .map(|_| {
+                    let u = rng.unit() * sum;
+                    cdf.partition_point(|&c| c < u).min(MIX_FLOWS as usize - 1) as u32
+                })
+                .collect()
+        }
+    }
+}
+
+/// A packet mix: its flows and the order of their packets.
+struct Mix {
+    flows: Vec<FlowSpec>,
+    order: Vec<u32>,
+}
+
+impl Mix {
+    fn new(hosts: u32, spread: Spread, packets: usize) -> Self {
+        Self { flows: (0..MIX_FLOWS).map(|i| flow(i, hosts)).collect(), order: sequence(spread, packets, 7) }
+    }
+}
+
+/// Mean ns per packet of `program` over the mix's packets, each in a run of its own, and
+/// the datapath's flow-cache misses among them (if `dp` is the datapath's).
+fn run_mix(program: &aya::programs::SchedClassifier, mix: &Mix) -> f64 {
+    let mut total = 0u128;
+    let mut ctx = [0u8; 192];
+    for &f in &mix.order {
+        let flow = &mix.flows[f as usize];
+        ctx[8..12].copy_from_slice(&flow.mark.to_ne_bytes());
+        ctx[40..44].copy_from_slice(&shaper_tests::LO.to_ne_bytes());
+        let opts =
+            TestRunOptions { data_in: Some(&flow.packet), ctx_in: Some(&ctx), repeat: 1, ..TestRunOptions::default() };
+        total += program.test_run(opts).expect("BPF_PROG_TEST_RUN").duration.as_nanos();
+    }
+    total as f64 / mix.order.len() as f64
+}
+
+/// The sum of all classes' counters.
+fn all_stats(dp: &Datapath) -> shaper_common::ClassStats {
+    (0..=CLASSES).map(|c| dp.class_stats(c).unwrap()).fold(shaper_common::ClassStats::default(), |a, s| a.merge(&s))
+}
+
+/// Median of `passes` runs of the mix through the datapath after one that warms its maps
+/// up, and the share of packets whose flow the cache missed in the measured runs.
+fn measure_mix(dp: &Datapath, mix: &Mix, passes: usize) -> (f64, f64) {
+    run_mix(dp.program(), mix);
+    let before = all_stats(dp);
+    let mut samples: Vec<f64> = (0..passes).map(|_| run_mix(dp.program(), mix)).collect();
+    let after = all_stats(dp);
+    samples.sort_by(f64::total_cmp);
+    let packets = after.packets - before.packets;
+    let misses = after.flow_misses - before.flow_misses;
+    (samples[passes / 2], misses as f64 / packets.max(1) as f64)
+}
+
+fn datapath_mix(report: &mut Report, short: bool) {
+    let packets = if short { 50_000 } else { 200_000 };
+    let passes = if short { 3 } else { 5 };
+    let section = "datapath, many-flow mix";
+    let ten_thousand_hosts = Mix::new(10_000, Spread::Zipf, packets);
+    let thousand_hosts = Mix::new(1_000, Spread::Zipf, packets);
+    let thousand_hosts_uniform = Mix::new(1_000, Spread::Uniform, packets);
+
+    let mut empty = datapath_with(&[], ClassConfig::default());
+    let pass = empty.pass_program().expect("loading the baseline program");
+    let mut base_samples: Vec<f64> = (0..passes).map(|_| run_mix(pass, &ten_thousand_hosts)).collect();
+    base_samples.sort_by(f64::total_cmp);
+    let baseline = base_samples[passes / 2];
+    report.baseline(section, "empty tc program, one packet per run", baseline, "ns/packet");
+
+    let unpaced = loopback_datapath(&host_rules(10_000), 0);
+    let (ns, miss) = measure_mix(&unpaced, &ten_thousand_hosts, passes);
+    report.push(
+        Row::ratio(section, "10,000 host rules, classes not paced", ns, baseline, "ns/packet").note(misses(miss)),
+    );
+
+    let dp = datapath_with(&host_rules(10_000), ClassConfig::default());
+    let (ns, miss) = measure_mix(&dp, &ten_thousand_hosts, passes);
+    report.push(Row::ratio(section, "10,000 host rules", ns, baseline, "ns/packet").goal(4.0).note(misses(miss)));
+
+    let dp = datapath_with(&mixed_rules(), ClassConfig::default());
+    let (ns, miss) = measure_mix(&dp, &thousand_hosts, passes);
+    report.push(Row::ratio(section, "10 mixed rules (6 shapes)", ns, baseline, "ns/packet").note(misses(miss)));
+
+    let dp = datapath_with(&mixed_rules(), isolated());
+    let (ns, miss) = measure_mix(&dp, &thousand_hosts, passes);
+    report.push(
+        Row::ratio(section, "10 mixed rules, isolation by host", ns, baseline, "ns/packet")
+            .goal(5.0)
+            .note(misses(miss)),
+    );
+
+    let dp = datapath_with(&mixed_rules(), isolated());
+    let (ns, miss) = measure_mix(&dp, &thousand_hosts_uniform, passes);
+    report.push(
+        Row::ratio(section, "10 mixed rules, isolation, flows uniform", ns, baseline, "ns/packet").note(misses(miss)),
+    );
+}
+
+fn misses(share: f64) -> String {
+    format!("flow cache missed {:.1} % of packets", share * 100.0)
+}
+
+/// The figures earlier versions printed: one packet repeated (every lookup hits a warm
+/// cache), many runs per `BPF_PROG_TEST_RUN`.
+fn datapath_repeated(report: &mut Report, short: bool) {
+    let repeat = if short { 50_000 } else { 200_000 };
+    let samples = if short { 3 } else { 7 };
+    let median = |mut one_run: Box<dyn FnMut() -> f64 + '_>| {
+        let mut v: Vec<f64> = (0..samples).map(|_| one_run()).collect();
+        v.sort_by(f64::total_cmp);
+        v[samples / 2]
+    };
+    let section = "datapath, one packet repeated";
     let packet = |src: u32| {
         ipv4(
             &Frame { payload: 1000, ..Frame::default() },
@@ -91,48 +292,48 @@ fn main() {
             L4::Tcp { sport: 40000, dport: 443 },
         )
     };
+    let mut empty = datapath_with(&[], ClassConfig::default());
+    let pass = empty.pass_program().expect("loading the baseline program");
+    let p = packet(HOSTS_BASE + 1);
+    let baseline = median(Box::new(|| {
+        let opts = TestRunOptions { data_in: Some(&p), repeat, ..TestRunOptions::default() };
+        pass.test_run(opts).expect("BPF_PROG_TEST_RUN").duration.as_secs_f64() * 1e9
+    }));
+    report.baseline(section, "empty tc program", baseline, "ns/packet");
     let ctx = SkbCtx::default();
-
-    let mut baseline_dp = datapath(&[]);
-    let pass = baseline_dp.pass_program().expect("loading the baseline program");
-    let baseline = ns_per_packet(|| {
-        use aya::programs::{TestRun, TestRunOptions};
-        let p = packet(0x0a00_0001);
-        let opts = TestRunOptions { data_in: Some(&p), repeat: REPEAT, ..TestRunOptions::default() };
-        pass.test_run(opts).expect("BPF_PROG_TEST_RUN").duration
-    });
-
-    let mut rows: Vec<(String, f64)> = Vec::new();
-    for (name, rules, last_src) in [
-        ("10 host rules", host_rules(10), 0x0a00_0000 + 9),
-        ("10,000 host rules", host_rules(10_000), 0x0a00_0000 + 9_999),
-        ("10 mixed rules (6 shapes)", mixed_rules(), 0x0a00_0004),
+    for (name, rules, src, extra) in [
+        ("10,000 host rules", host_rules(10_000), HOSTS_BASE + 9_999, ClassConfig::default()),
+        ("10 mixed rules, no rule matches", mixed_rules(), 0xc0a8_0001, ClassConfig::default()),
+        ("10 host rules, isolation by host", host_rules(10), HOSTS_BASE + 9, isolated()),
     ] {
-        let dp = datapath(&rules);
-        let matched = packet(last_src);
-        let unmatched = packet(0xc0a8_0001);
-        rows.push((format!("{name}, last rule matches"), ns_per_packet(|| run(&dp, &matched, ctx, REPEAT).duration)));
-        rows.push((format!("{name}, no rule matches"), ns_per_packet(|| run(&dp, &unmatched, ctx, REPEAT).duration)));
+        let dp = datapath_with(&rules, extra);
+        let p = packet(src);
+        let ns = median(Box::new(|| run(&dp, &p, ctx, repeat).duration.as_secs_f64() * 1e9));
+        report.push(Row::ratio(section, name, ns, baseline, "ns/packet"));
     }
+}
 
-    let dp = datapath_with(&host_rules(10), isolated());
-    let matched = packet(0x0a00_0000 + 9);
-    rows.push((
-        "10 host rules, isolation by host".to_owned(),
-        ns_per_packet(|| run(&dp, &matched, ctx, REPEAT).duration),
-    ));
-
-    println!("datapath cost per packet (BPF_PROG_TEST_RUN, {REPEAT} repeats, median of {SAMPLES}; 1066-byte TCP/IPv4 packet)");
-    println!("{:<44} {:>10} {:>14} {:>14}", "program", "ns/packet", "x empty prog", "extra ns");
-    println!("{:<44} {:>10.1} {:>14.2} {:>14.1}", "empty tc program (baseline)", baseline, 1.0, 0.0);
-    for (name, ns) in &rows {
-        println!("{:<44} {:>10.1} {:>14.2} {:>14.1}", name, ns, ns / baseline, ns - baseline);
+fn main() {
+    let args = Args::parse();
+    require_root();
+    let mut report = Report::default();
+    datapath_mix(&mut report, args.short);
+    datapath_repeated(&mut report, args.short);
+    shaper_tests::bench::control_loop(&mut report, args.short);
+    report.print();
+    if let Err(e) = report.write(&args.out) {
+        eprintln!("shaper-bench: writing {}: {e:#}", args.out.display());
+        std::process::exit(2);
     }
-    let ten = rows[0].1;
-    let ten_k = rows[2].1;
-    println!("10,000 vs 10 host rules (last rule matches): {:.2}x", ten_k / ten);
-    println!();
-    print_tuning();
+    if !args.short {
+        println!();
+        print_tuning();
+    }
+    let missed = report.missed_goals();
+    if args.check && !missed.is_empty() {
+        eprintln!("shaper-bench: {} ratio(s) missed their goal: {}", missed.len(), missed.join("; "));
+        std::process::exit(1);
+    }
 }
 
 /// The control loop's tick and headroom, swept on the model (`shaper::tuning`); the row of

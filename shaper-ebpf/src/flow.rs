@@ -1,0 +1,129 @@
+//! The flow cache: one array slot per flow hash (`FLOWS`), found without a hash-map lookup,
+//! holding what each packet of a flow needs: the rules' answer for it (so that a flow is
+//! classified by the rules once, not on every packet) and its latest departure (sparse-flow
+//! priority). A flow that finds its slot taken by another takes it over.
+
+use aya_ebpf::{macros::map, maps::Array};
+use shaper_common::{flow_hash, FlowEntry, Globals, RuleKey, FLOW_SLOTS, RULES_PER_PACKET, RULE_KEY_WORDS};
+
+#[map]
+static FLOWS: Array<FlowEntry> = Array::with_max_entries(FLOW_SLOTS, 0);
+
+/// [`Flow`]'s answers when the cache does not hold the flow. No `meta` is this value: it
+/// would need a class and a generation of `u32::MAX` both.
+pub const NOT_HELD: u64 = u64::MAX;
+
+/// A packet's flow, and what the cache held of it.
+pub struct Flow {
+    /// The flow's slot in `FLOWS` (`u32::MAX`: none). An index rather than a pointer, found
+    /// again when the entry is written: a pointer that may be null makes the verifier walk
+    /// what follows twice, once for each.
+    slot: u32,
+    /// The flow's hash.
+    pub tag: u64,
+    /// The entry's `meta`, if the entry holds this flow; else [`NOT_HELD`]. A plain value
+    /// rather than an `Option`: the verifier walks what follows once for both (see
+    /// `classify::flow_class`).
+    cached: u64,
+    last_ns: u64,
+    /// The rules' generation of the packet's classification (`Globals::generation`).
+    generation: u32,
+}
+
+impl Flow {
+    /// The flow of the packet whose key the parser filled (no interval ids yet), with raw
+    /// ports `sport` and `dport`.
+    #[inline(always)]
+    pub fn find(key: &RuleKey, sport: u16, dport: u16, set: Globals) -> Self {
+        // SAFETY: RuleKey is repr(C, align(8)) and RULE_KEY_WORDS words long (asserted in
+        // shaper-common): aligned word reads.
+        let words = unsafe { &*core::ptr::from_ref(key).cast::<[u64; RULE_KEY_WORDS]>() };
+        let tag = flow_hash(words, sport, dport);
+        let slot = (tag as u32) & (FLOW_SLOTS - 1);
+        let (mut cached, mut last_ns) = (NOT_HELD, 0);
+        if let Some(e) = FLOWS.get_ptr_mut(slot) {
+            // SAFETY: a pointer into an array map value, which lives as long as the map;
+            // volatile reads, each field once (other CPUs may write it meanwhile).
+            let (t, meta, check, last) = unsafe {
+                (
+                    core::ptr::read_volatile(core::ptr::addr_of!((*e).tag)),
+                    core::ptr::read_volatile(core::ptr::addr_of!((*e).meta)),
+                    core::ptr::read_volatile(core::ptr::addr_of!((*e).check)),
+                    core::ptr::read_volatile(core::ptr::addr_of!((*e).last_ns)),
+                )
+            };
+            if t == tag && check == t ^ meta {
+                cached = meta;
+                last_ns = last;
+            }
+        }
+        Self { slot, tag, cached, last_ns, generation: set.generation }
+    }
+
+    /// A packet that was not parsed: no flow.
+    #[inline(always)]
+    pub const fn none() -> Self {
+        Self { slot: u32::MAX, tag: 0, cached: NOT_HELD, last_ns: 0, generation: 0 }
+    }
+
+    /// The class of the first rule that matches the flow (`NO_RULE`: none), as the cache
+    /// holds it for the active rules; [`NOT_HELD`] if it does not, or if the rules test
+    /// fields that differ between packets.
+    #[inline(always)]
+    pub fn class(&self, set: Globals) -> u64 {
+        let meta = self.cached;
+        if meta != NOT_HELD && set.flags & RULES_PER_PACKET == 0 && (meta >> 32) as u32 == set.generation {
+            meta & 0xffff_ffff
+        } else {
+            NOT_HELD
+        }
+    }
+
+    /// When the flow's previous packet was to leave, 0 if unknown, as long as its packets
+    /// go to class `rule_class` (the rules' answer for this packet).
+    #[inline(always)]
+    pub fn last(&self, rule_class: u32) -> u64 {
+        if self.cached != NOT_HELD && self.cached as u32 == rule_class {
+            self.last_ns
+        } else {
+            0
+        }
+    }
+
+    /// Whether the packet's flow was not in the cache (with this answer of the active rules).
+    #[inline(always)]
+    pub fn missed(&self, rule_class: u32) -> bool {
+        self.tag != 0 && !self.hit(rule_class)
+    }
+
+    /// Whether the cache held this flow with this answer of the active rules.
+    #[inline(always)]
+    pub fn hit(&self, rule_class: u32) -> bool {
+        self.cached == Self::meta(rule_class, self.generation)
+    }
+
+    #[inline(always)]
+    const fn meta(rule_class: u32, generation: u32) -> u64 {
+        ((generation as u64) << 32) | rule_class as u64
+    }
+
+    /// Records the departure of the flow's packet, whose class the rules gave as
+    /// `rule_class`: the whole entry if the cache did not hold the flow so, else only the
+    /// time.
+    #[inline(always)]
+    pub fn record(&self, rule_class: u32, depart: u64) {
+        let Some(e) = FLOWS.get_ptr_mut(self.slot) else { return };
+        let meta = Self::meta(rule_class, self.generation);
+        // SAFETY: a pointer into an array map value, which lives as long as the map.
+        unsafe {
+            if !self.hit(rule_class) {
+                // The check last: a reader that sees the new tag and meta before it treats
+                // the entry as a miss.
+                core::ptr::write_volatile(core::ptr::addr_of_mut!((*e).tag), self.tag);
+                core::ptr::write_volatile(core::ptr::addr_of_mut!((*e).meta), meta);
+                core::ptr::write_volatile(core::ptr::addr_of_mut!((*e).check), self.tag ^ meta);
+            }
+            core::ptr::write_volatile(core::ptr::addr_of_mut!((*e).last_ns), depart);
+        }
+    }
+}
