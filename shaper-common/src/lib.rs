@@ -26,11 +26,11 @@ pub const MAX_RULE_ENTRIES: u32 = 65536;
 /// `LEN_IDS` (one slot per length, 0..=65535).
 pub const PORT_SLOTS: u32 = 65536;
 
-/// Hosts (or flows) remembered for isolation inside classes (`HOSTS`, an LRU hash).
+/// Hosts (or flows) remembered for isolation inside classes (`HOSTS`, see [`HostState`]).
 pub const HOST_SLOTS: u32 = 65536;
 
-/// Slots of the flow cache (`FLOWS`, an array indexed by the flow's hash: a flow takes the
-/// slot over from the one that had it). A power of two.
+/// Slots of the flow cache (`FLOWS`, an array indexed by the flow's hash, two slots to a
+/// hash: a flow takes over the one whose flow left longest ago). A power of two.
 pub const FLOW_SLOTS: u32 = 65536;
 
 /// Value of `FLOWS`: a flow the datapath has seen, found again by its hash ([`flow_hash`])
@@ -551,27 +551,26 @@ pub const DSCP_OVER: u8 = 2;
 /// Full frames at the guaranteed rate a class may send at once and stay in profile.
 pub const PROFILE_BURST_FRAMES: u64 = 4;
 
-/// Key of `HOSTS`: a host (or flow) of a class. Aligned to 8 bytes: the datapath zeroes it a
-/// word at a time.
-#[repr(C, align(8))]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct HostKey {
-    pub class: u32,
-    /// [`ISOLATE_HOST`]: `addr` is an address (IPv4 in the first four bytes);
-    /// [`ISOLATE_FLOW`]: the flow hash in the first four bytes.
-    pub kind: u32,
-    pub addr: [u8; 16],
-}
+/// Ways of a `HOSTS` set: a host's state is in one of the four ways of the set its hash
+/// picks, and a host that finds none of them its own takes the way of the host idle longest.
+pub const HOST_WAYS: u32 = 4;
 
-/// Value of `HOSTS`: one host's clock and when it was last counted.
+/// Sets of `HOSTS`: [`HOST_SLOTS`] hosts in all.
+pub const HOST_SETS: u32 = HOST_SLOTS / HOST_WAYS;
+
+/// One host (or flow) of a class in `HOSTS` (an array; the four ways of a set are consecutive
+/// entries, one cache line): its clock at its fair share and when it was last counted.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HostState {
+    /// The host's hash (class, kind of isolation, address or flow), never 0; 0: a free way.
+    pub tag: u32,
+    /// The epoch (its low 16 bits) in which the host was last counted in `hosts_near`, and
+    /// in `hosts_over`.
+    pub near_epoch: u16,
+    pub over_epoch: u16,
     /// When the host's bytes so far will have left at its fair share (`CLOCK_MONOTONIC` ns).
     pub next_ns: u64,
-    /// The epoch in which the host was last counted in `hosts_near`, and in `hosts_over`.
-    pub near_epoch: u32,
-    pub over_epoch: u32,
 }
 
 /// Per-class pacing and AQM state (`CLASS_STATE`, indexed by class id). Several CPUs update
@@ -598,31 +597,43 @@ pub struct ClassState {
     /// The profile meter's clock (see [`DSCP_OVER`]): when the bytes sent in profile will
     /// have left at the guaranteed rate.
     pub profile_next_ns: u64,
+    /// To a cache line: a class's state is one line, which the CPUs that send for it share.
+    pub _pad: u64,
 }
 
-/// Per-class, per-CPU counters (`CLASS_STATS`, a per-CPU array indexed by class id).
+/// Per-class, per-CPU counters (`CLASS_STATS`, a per-CPU array indexed by class id). The
+/// counters every packet moves come first, in one cache line, then the delay histogram (one
+/// of its lines per packet), then those of drops and isolation.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClassStats {
     /// Wire bytes and packets (segments for GSO packets) sent.
     pub bytes: u64,
     pub packets: u64,
-    /// Dropped because the departure time was beyond the horizon.
-    pub drop_horizon_bytes: u64,
-    pub drop_horizon_packets: u64,
     /// Packets given a departure time in the future, and the sum of those delays.
     pub delayed_packets: u64,
     pub delay_ns_total: u64,
+    /// Packets (segments) that found the class's clock idle (at or behind their earliest
+    /// departure): the class had no queue. A class that sends and never finds its clock idle
+    /// is held back by its rate (the daemon's demand estimator reads this).
+    pub idle_packets: u64,
+    /// Packets whose flow the flow cache did not hold (a new flow, one evicted by other
+    /// flows of the same slots, or a classification of an older rule set): classified by
+    /// the rules.
+    pub flow_misses: u64,
+    /// Packets of sparse flows sent ahead of the class's queue (see the datapath's `sparse`).
+    pub sparse_packets: u64,
     /// Packets that reached a class with no rate set (passed unpaced).
     pub unpaced_packets: u64,
+    /// Packets sent (segments for GSO packets) by added delay, see [`delay_bucket`].
+    pub delay_hist: [u64; DELAY_BUCKETS],
+    /// Dropped because the departure time was beyond the horizon.
+    pub drop_horizon_bytes: u64,
+    pub drop_horizon_packets: u64,
     /// AQM congestion signals: ECN-capable packets marked CE, others dropped.
     pub ecn_marked_packets: u64,
     pub drop_aqm_packets: u64,
     pub drop_aqm_bytes: u64,
-    /// Packets sent (segments for GSO packets) by added delay, see [`delay_bucket`].
-    pub delay_hist: [u64; DELAY_BUCKETS],
-    /// Packets of sparse flows sent ahead of the class's queue (see the datapath's `sparse`).
-    pub sparse_packets: u64,
     /// Isolation: bytes from light hosts (well within their fair share); hosts counted once
     /// per epoch, those near their share and those over it; packets and bytes dropped because
     /// their host was over its share by more than the share horizon.
@@ -631,14 +642,6 @@ pub struct ClassStats {
     pub hosts_over: u64,
     pub drop_share_packets: u64,
     pub drop_share_bytes: u64,
-    /// Packets (segments) that found the class's clock idle (at or behind their earliest
-    /// departure): the class had no queue. A class that sends and never finds its clock idle
-    /// is held back by its rate (the daemon's demand estimator reads this).
-    pub idle_packets: u64,
-    /// Packets whose flow the flow cache did not hold (a new flow, one evicted by another
-    /// flow of the same slot, or a classification of an older rule set): classified by the
-    /// rules.
-    pub flow_misses: u64,
 }
 
 impl ClassStats {
@@ -677,9 +680,8 @@ const _: () = assert!(core::mem::size_of::<RuleKey>() == RULE_KEY_WORDS * 8);
 const _: () = assert!(core::mem::size_of::<Tuple>() == 8 * RULE_KEY_WORDS + 8);
 const _: () = assert!(core::mem::size_of::<RuleTarget>() == 8);
 const _: () = assert!(core::mem::size_of::<ClassConfig>() == 96);
-const _: () = assert!(core::mem::size_of::<HostKey>() == 24);
 const _: () = assert!(core::mem::size_of::<HostState>() == 16);
-const _: () = assert!(core::mem::size_of::<ClassState>() == 56);
+const _: () = assert!(core::mem::size_of::<ClassState>() == 64);
 const _: () = assert!(core::mem::size_of::<ClassStats>() == 144 + 8 * DELAY_BUCKETS);
 
 /// `LAN_IFACES` value flags: the LAN-side interface has no link-layer header (as
@@ -735,7 +737,6 @@ mod pod {
     unsafe impl aya::Pod for super::ClassConfig {}
     unsafe impl aya::Pod for super::ClassState {}
     unsafe impl aya::Pod for super::ClassStats {}
-    unsafe impl aya::Pod for super::HostKey {}
     unsafe impl aya::Pod for super::HostState {}
     unsafe impl aya::Pod for super::Origin {}
     unsafe impl aya::Pod for super::FlowEntry {}

@@ -132,7 +132,7 @@ pub const HEADERS_MAX: u32 = 128;
 /// instruction, where the verifier merges those that differ only in values nothing after
 /// depends on. With the parser inlined, Linux 6.1's verifier walked 726,744 instructions
 /// (6.18's 579,178); as a function of its own, 337,781 (6.18's 146,034; see the datapath
-/// test `the_verifier_walk_keeps_half_its_budget`). It takes and returns plain types (no
+/// test `the_verifier_walk_keeps_two_fifths_of_its_budget`). It takes and returns plain types (no
 /// Rust enum), as the BTF that describes it to the kernel must. Its stack frame counts with
 /// its caller's within the 512 bytes a call chain may use, so what it reads goes straight
 /// into `key` where it can.

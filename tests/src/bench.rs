@@ -27,8 +27,11 @@ pub struct Row {
     /// The baseline the ratio is taken against (measured in the same run), and the ratio.
     pub baseline: Option<f64>,
     pub ratio: Option<f64>,
-    /// The ratio must be at most this.
+    /// The ratio the project aims at (printed, with whether it is met).
     pub goal: Option<f64>,
+    /// The ratio past which `--check` fails: a regression from what the datapath does now,
+    /// with room for the noise of a shared machine. At the goal once the goal is met.
+    pub bound: Option<f64>,
     pub note: String,
 }
 
@@ -44,6 +47,7 @@ impl Row {
             baseline: Some(baseline),
             ratio: Some(value / baseline),
             goal: None,
+            bound: None,
             note: String::new(),
         }
     }
@@ -51,6 +55,11 @@ impl Row {
     #[must_use]
     pub fn goal(self, goal: f64) -> Self {
         Self { goal: Some(goal), ..self }
+    }
+
+    #[must_use]
+    pub fn bound(self, bound: f64) -> Self {
+        Self { bound: Some(bound), ..self }
     }
 
     #[must_use]
@@ -62,6 +71,12 @@ impl Row {
     #[must_use]
     pub fn missed(&self) -> bool {
         matches!((self.ratio, self.goal), (Some(r), Some(g)) if r > g)
+    }
+
+    /// Whether the row has a bound and its ratio is past it.
+    #[must_use]
+    pub fn regressed(&self) -> bool {
+        matches!((self.ratio, self.bound), (Some(r), Some(b)) if r > b)
     }
 }
 
@@ -81,13 +96,13 @@ impl Report {
         self.push(Row::ratio(section, name, value, value, unit).note("baseline"));
     }
 
-    /// "name: ratio > goal" for each row that misses its goal.
+    /// "name: ratio > bound" for each row past its bound.
     #[must_use]
-    pub fn missed_goals(&self) -> Vec<String> {
+    pub fn regressions(&self) -> Vec<String> {
         self.rows
             .iter()
-            .filter(|r| r.missed())
-            .map(|r| format!("{}: {:.2}x > {:.2}x", r.name, r.ratio.unwrap_or(0.0), r.goal.unwrap_or(0.0)))
+            .filter(|r| r.regressed())
+            .map(|r| format!("{}: {:.2}x > {:.2}x", r.name, r.ratio.unwrap_or(0.0), r.bound.unwrap_or(0.0)))
             .collect()
     }
 
@@ -98,7 +113,7 @@ impl Report {
             if r.section != section {
                 section = &r.section;
                 println!("\n{section}");
-                println!("{:<44} {:>12} {:>10} {:>8} {:>6}  note", "", "value", "ratio", "goal", "met");
+                println!("{:<44} {:>12} {:>9} {:>7} {:>4} {:>7}  note", "", "value", "ratio", "goal", "met", "bound");
             }
             let ratio = r.ratio.map_or_else(String::new, |x| format!("{x:.2}x"));
             let (goal, met) = match r.goal {
@@ -106,7 +121,8 @@ impl Report {
                 None => (String::new(), ""),
             };
             let value = format!("{:.1} {}", r.value, short_unit(&r.unit));
-            println!("{:<44} {:>12} {:>10} {:>8} {:>6}  {}", r.name, value, ratio, goal, met, r.note);
+            let bound = r.bound.map_or_else(String::new, |b| format!("{b:.2}x"));
+            println!("{:<44} {:>12} {:>9} {:>7} {:>4} {:>7}  {}", r.name, value, ratio, goal, met, bound, r.note);
         }
     }
 
@@ -230,18 +246,19 @@ fn tick_ns(leaves: usize, ticks: usize) -> f64 {
 /// worse than linear, with room), and against the 1 ms it may take.
 pub fn control_loop(report: &mut Report, short: bool) {
     let ticks = if short { 50 } else { 300 };
-    let section = "control loop, one tick (estimators, allocation, pacing rates)";
+    let section = "control loop tick";
     let small = tick_ns(100, ticks * 10);
     report.baseline(section, "100 classes", small / 1e3, "µs");
     let large = tick_ns(10_000, ticks);
     report.push(
         Row::ratio(section, "10,000 classes, against 100", large / 1e3, small / 1e3, "µs")
             .goal(150.0)
+            .bound(150.0)
             .note("linear: 100x"),
     );
     report.push(
         Row::ratio(section, "10,000 classes, against a 1 ms budget", large / 1e3, 1_000.0, "µs")
             .goal(1.0)
-            .note("absolute time: this machine's"),
+            .note("this machine's time; not a CI bound"),
     );
 }

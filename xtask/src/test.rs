@@ -3,7 +3,8 @@
 //! Stages: setup (installs what is missing), fmt and clippy (the workspace, and the tc program for
 //! its BPF target; see [`crate::lint`]), dependencies (unused ones, and cargo-deny's licences,
 //! bans, sources and advisories; see [`crate::deps`]), host tests (unit tests and kernel tests on
-//! the host kernel; need root), VM tests (the `vm` test of `shaper-tests`, built on the host and
+//! the host kernel; need root), bench (`cargo xtask bench --short`: fails if a cost ratio
+//! regresses past its bound), VM tests (the `vm` test of `shaper-tests`, built on the host and
 //! run in the VM, whose kernel has `sch_fq`): the whole suite on Debian's 6.1, where shaperd
 //! attaches under clsact, then [`TCX_VM_TESTS`] on Debian's 6.12, where it attaches a TCX link.
 //! Ends with a table of stages, the checks that could not run, and a line `N passed, M failed`;
@@ -19,7 +20,7 @@ use clap::Args;
 use serde::Deserialize;
 
 use crate::vm::KernelLine;
-use crate::{deps, lint, setup, util, vm};
+use crate::{bench, deps, lint, setup, util, vm};
 
 /// The package, feature and test target of the VM tests.
 const VM_TEST_PACKAGE: &str = "shaper-tests";
@@ -80,6 +81,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
         ("clippy", complete(lint::clippy)),
         ("dependencies", Box::new(deps::check)),
         ("host tests", complete(host_tests)),
+        ("bench", complete(|| bench::run(&bench::BenchArgs { short: true }))),
         ("vm tests", complete(move || vm_tests(KernelLine::V6_1, &[], vm_timeout))),
         ("vm tests (6.12, TCX)", complete(move || vm_tests(KernelLine::V6_12, TCX_VM_TESTS, vm_timeout))),
     ];

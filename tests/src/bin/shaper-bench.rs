@@ -11,7 +11,7 @@
 //! - The control loop's tick length and headroom on the model.
 //!
 //! `--short` runs fewer packets and ticks and skips the model sweep; `--check` exits non-zero
-//! if a ratio misses its goal (CI runs both).
+//! if a ratio regresses past its bound (CI runs both).
 #![allow(
     clippy::cast_precision_loss,
     clippy::cast_possible_truncation,
@@ -25,7 +25,7 @@ use aya::programs::{TestRun, TestRunOptions};
 use clap::Parser;
 use ipnet::IpNet;
 use shaper::{bpf::Datapath, rules::RuleSpec};
-use shaper_common::{ClassConfig, FLOW_SLOTS, ISOLATE_HOST};
+use shaper_common::{ClassConfig, ClassStats, FLOW_SLOTS, ISOLATE_HOST};
 use shaper_tests::{
     bench::{Report, Row},
     ipv4, loopback_datapath, require_root, run, Frame, SkbCtx, L4,
@@ -36,7 +36,7 @@ struct Args {
     /// Fewer packets and ticks, no model sweep (CI).
     #[arg(long)]
     short: bool,
-    /// Exit with status 1 if a ratio misses its goal.
+    /// Exit with status 1 if a ratio regresses past its bound.
     #[arg(long)]
     check: bool,
     /// Where the JSON and PNG go.
@@ -208,68 +208,82 @@ fn run_mix(program: &aya::programs::SchedClassifier, mix: &Mix) -> f64 {
 }
 
 /// The sum of all classes' counters.
-fn all_stats(dp: &Datapath) -> shaper_common::ClassStats {
-    (0..=CLASSES).map(|c| dp.class_stats(c).unwrap()).fold(shaper_common::ClassStats::default(), |a, s| a.merge(&s))
+fn all_stats(dp: &Datapath) -> ClassStats {
+    (0..=CLASSES).map(|c| dp.class_stats(c).unwrap()).fold(ClassStats::default(), |a, s| a.merge(&s))
 }
 
-/// Median of `passes` runs of the mix through the datapath after one that warms its maps
-/// up, and the share of packets whose flow the cache missed in the measured runs.
-fn measure_mix(dp: &Datapath, mix: &Mix, passes: usize) -> (f64, f64) {
-    run_mix(dp.program(), mix);
-    let before = all_stats(dp);
-    let mut samples: Vec<f64> = (0..passes).map(|_| run_mix(dp.program(), mix)).collect();
-    let after = all_stats(dp);
-    samples.sort_by(f64::total_cmp);
-    let packets = after.packets - before.packets;
-    let misses = after.flow_misses - before.flow_misses;
-    (samples[passes / 2], misses as f64 / packets.max(1) as f64)
+/// One row of the mix's measurement: a datapath and its mix.
+struct MixRow<'a> {
+    name: &'static str,
+    dp: Datapath,
+    mix: &'a Mix,
+    /// The goal and the CI bound (see `shaper_tests::bench::Row`).
+    goal: Option<(f64, f64)>,
+    samples: Vec<f64>,
+    before: shaper_common::ClassStats,
 }
 
 fn datapath_mix(report: &mut Report, short: bool) {
     let packets = if short { 50_000 } else { 200_000 };
-    let passes = if short { 3 } else { 5 };
+    let passes = if short { 5 } else { 9 };
     let section = "datapath, many-flow mix";
     let ten_thousand_hosts = Mix::new(10_000, Spread::Zipf, packets);
     let thousand_hosts = Mix::new(1_000, Spread::Zipf, packets);
     let thousand_hosts_uniform = Mix::new(1_000, Spread::Uniform, packets);
-
-    let mut empty = datapath_with(&[], ClassConfig::default());
+    let row = |name, dp, mix, goal| MixRow { name, dp, mix, goal, samples: Vec::new(), before: ClassStats::default() };
+    let plain = ClassConfig::default();
+    let mut rows = vec![
+        row("10,000 host rules", datapath_with(&host_rules(10_000), plain), &ten_thousand_hosts, Some((4.0, 7.0))),
+        row("10 mixed rules (6 shapes)", datapath_with(&mixed_rules(), plain), &thousand_hosts, None),
+        row(
+            "10 mixed rules, isolation by host",
+            datapath_with(&mixed_rules(), isolated()),
+            &thousand_hosts,
+            Some((5.0, 8.0)),
+        ),
+        row(
+            "10 mixed rules, isolation, flows uniform",
+            datapath_with(&mixed_rules(), isolated()),
+            &thousand_hosts_uniform,
+            None,
+        ),
+    ];
+    let mut empty = datapath_with(&[], plain);
     let pass = empty.pass_program().expect("loading the baseline program");
-    let mut base_samples: Vec<f64> = (0..passes).map(|_| run_mix(pass, &ten_thousand_hosts)).collect();
-    base_samples.sort_by(f64::total_cmp);
-    let baseline = base_samples[passes / 2];
-    report.baseline(section, "empty tc program, one packet per run", baseline, "ns/packet");
-
-    let unpaced = loopback_datapath(&host_rules(10_000), 0);
-    let (ns, miss) = measure_mix(&unpaced, &ten_thousand_hosts, passes);
-    report.push(
-        Row::ratio(section, "10,000 host rules, classes not paced", ns, baseline, "ns/packet").note(misses(miss)),
-    );
-
-    let dp = datapath_with(&host_rules(10_000), ClassConfig::default());
-    let (ns, miss) = measure_mix(&dp, &ten_thousand_hosts, passes);
-    report.push(Row::ratio(section, "10,000 host rules", ns, baseline, "ns/packet").goal(4.0).note(misses(miss)));
-
-    let dp = datapath_with(&mixed_rules(), ClassConfig::default());
-    let (ns, miss) = measure_mix(&dp, &thousand_hosts, passes);
-    report.push(Row::ratio(section, "10 mixed rules (6 shapes)", ns, baseline, "ns/packet").note(misses(miss)));
-
-    let dp = datapath_with(&mixed_rules(), isolated());
-    let (ns, miss) = measure_mix(&dp, &thousand_hosts, passes);
-    report.push(
-        Row::ratio(section, "10 mixed rules, isolation by host", ns, baseline, "ns/packet")
-            .goal(5.0)
-            .note(misses(miss)),
-    );
-
-    let dp = datapath_with(&mixed_rules(), isolated());
-    let (ns, miss) = measure_mix(&dp, &thousand_hosts_uniform, passes);
-    report.push(
-        Row::ratio(section, "10 mixed rules, isolation, flows uniform", ns, baseline, "ns/packet").note(misses(miss)),
-    );
+    // A pass that warms the maps up, then the measured ones, each running every row in turn
+    // (the baseline too), so that whatever else the machine does is spread over all.
+    for r in &mut rows {
+        run_mix(r.dp.program(), r.mix);
+        r.before = all_stats(&r.dp);
+    }
+    let mut baseline = Vec::new();
+    for _ in 0..passes {
+        baseline.push(run_mix(pass, &ten_thousand_hosts));
+        for r in &mut rows {
+            let ns = run_mix(r.dp.program(), r.mix);
+            r.samples.push(ns);
+        }
+    }
+    let base = median(&mut baseline);
+    report.baseline(section, "empty tc program, one packet per run", base, "ns/packet");
+    for r in &mut rows {
+        let after = all_stats(&r.dp);
+        let packets = (after.packets - r.before.packets).max(1);
+        let misses = (after.flow_misses - r.before.flow_misses) as f64 / packets as f64;
+        let mut row = Row::ratio(section, r.name, median(&mut r.samples), base, "ns/packet").note(misses_note(misses));
+        if let Some((goal, bound)) = r.goal {
+            row = row.goal(goal).bound(bound);
+        }
+        report.push(row);
+    }
 }
 
-fn misses(share: f64) -> String {
+fn median(samples: &mut [f64]) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn misses_note(share: f64) -> String {
     format!("flow cache missed {:.1} % of packets", share * 100.0)
 }
 
@@ -329,9 +343,9 @@ fn main() {
         println!();
         print_tuning();
     }
-    let missed = report.missed_goals();
-    if args.check && !missed.is_empty() {
-        eprintln!("shaper-bench: {} ratio(s) missed their goal: {}", missed.len(), missed.join("; "));
+    let regressed = report.regressions();
+    if args.check && !regressed.is_empty() {
+        eprintln!("shaper-bench: {} ratio(s) past their bound: {}", regressed.len(), regressed.join("; "));
         std::process::exit(1);
     }
 }
