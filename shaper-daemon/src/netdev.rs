@@ -39,6 +39,12 @@ pub async fn find_index(rtnl: &Handle, name: &str) -> Result<Option<u32>, rtnetl
     Ok(link.map(|l| l.header.index))
 }
 
+/// The kernel's description of interface `index`, asked over the rtnetlink connection
+/// `rtnl`; `None` if there is none.
+pub async fn link_by_index(rtnl: &Handle, index: u32) -> Result<Option<LinkMessage>, rtnetlink::Error> {
+    first(rtnl.link().get().match_index(index).execute()).await
+}
+
 /// Whether interface `index` exists, asked over the rtnetlink connection `rtnl`.
 pub async fn exists(rtnl: &Handle, index: u32) -> Result<bool, rtnetlink::Error> {
     Ok(first(rtnl.link().get().match_index(index).execute()).await?.is_some())

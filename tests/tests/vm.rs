@@ -62,6 +62,8 @@ mod linklayer;
 #[path = "vm/ifb.rs"]
 mod ifb;
 
+#[path = "vm/multiqueue.rs"]
+mod multiqueue;
 #[path = "vm/seeds.rs"]
 mod seeds;
 

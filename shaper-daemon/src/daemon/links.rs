@@ -555,7 +555,7 @@ impl Links {
     async fn check(&mut self, slot: usize, index: u32, at: Instant) {
         let name = self.slots[slot].name.clone();
         let fq = match qdisc::inspect_root(&name).await {
-            Ok(RootQdisc::Fq { .. } | RootQdisc::MqAllFq) => true,
+            Ok(RootQdisc::Fq { .. } | RootQdisc::MqAllFq | RootQdisc::ShaperMq) => true,
             Ok(root) => {
                 warn!(interface = %name, %root, "the root qdisc is no longer fq: departure times are not enforced");
                 false

@@ -11,8 +11,10 @@
 //! - `fq`, whoever installed it, or `mq` with `fq` on every queue: kept, and left in place on
 //!   shutdown;
 //! - a kernel default (handle `0:`: `noqueue`, `pfifo_fast`, `mq`, `fq_codel`..., or `noop` on an
-//!   interface never brought up): replaced by `fq`; on shutdown `fq` is deleted and the kernel
-//!   attaches its default again by itself;
+//!   interface never brought up): replaced by `fq`, or on an interface with several transmit
+//!   queues by `mq` with an `fq` on each queue (as Cilium does: each CPU transmits through its
+//!   own queue and lock, and the class clocks, in BPF maps, are shared by all); on shutdown
+//!   shaper's root is deleted and the kernel attaches its default again by itself;
 //! - anything an admin configured (handle other than `0:`, e.g. `htb 1:`): left alone and
 //!   [`QdiscError::Occupied`], unless `replace_other` (`replace_qdisc = true` in the interface's
 //!   configuration) lets `fq` replace it; on shutdown `fq` is deleted, which brings back the
@@ -97,6 +99,9 @@ pub enum RootQdisc {
     },
     /// `mq` whose every child (one per transmit queue) is `fq`.
     MqAllFq,
+    /// The `mq` shaper installs on an interface with several transmit queues (handle
+    /// [`SHAPER_FQ_HANDLE`]), with an `fq` on each queue.
+    ShaperMq,
     /// Any other qdisc, configured by someone (handle ≠ `0:`), e.g. `htb 1:`.
     Other {
         /// The qdisc's kind, as `tc` names it.
@@ -112,6 +117,7 @@ impl fmt::Display for RootQdisc {
             Self::Default { kind } => write!(f, "{kind} 0: (kernel default)"),
             Self::Fq { handle } => write!(f, "{FQ} {}", HandleDisplay(*handle)),
             Self::MqAllFq => write!(f, "{MQ} with {FQ} on every queue"),
+            Self::ShaperMq => write!(f, "{MQ} {} with shaper's {FQ} on every queue", HandleDisplay(SHAPER_FQ_HANDLE)),
             Self::Other { kind, handle } => write!(f, "{kind} {}", HandleDisplay(*handle)),
         }
     }
@@ -257,6 +263,7 @@ enum Decision {
 fn decide(root: &RootQdisc, replace_other: bool) -> Decision {
     match root {
         RootQdisc::Fq { handle } if *handle == SHAPER_FQ_HANDLE => Decision::Adopt,
+        RootQdisc::ShaperMq => Decision::Adopt,
         RootQdisc::Fq { .. } | RootQdisc::MqAllFq => Decision::Keep,
         RootQdisc::Default { .. } => Decision::Install(Restore::DeleteRoot),
         RootQdisc::Other { kind, .. } if replace_other => Decision::Install(Restore::Replaced { kind: kind.clone() }),
@@ -284,6 +291,9 @@ fn classify(entries: &[QdiscEntry]) -> RootQdisc {
     };
     if root.kind == FQ {
         return RootQdisc::Fq { handle: root.handle };
+    }
+    if root.kind == MQ && root.handle == SHAPER_FQ_HANDLE {
+        return RootQdisc::ShaperMq;
     }
     if root.kind == MQ {
         // mq's children hang off its classes: parent = <mq major>:<queue number>.
@@ -348,7 +358,7 @@ pub async fn delete_clsact(ifname: &str) -> Result<(), QdiscError> {
     }
 }
 
-/// Removes the `fq` shaper installed on `ifname` (handle [`SHAPER_FQ_HANDLE`]), so that the
+/// Removes the `fq` (or `mq`) shaper installed on `ifname` (handle [`SHAPER_FQ_HANDLE`]), so that the
 /// kernel attaches its default root qdisc again: for an interface an earlier shaperd shaped
 /// and this one does not. Any other root qdisc, or a missing interface, is left alone.
 /// Returns whether it removed one.
@@ -360,8 +370,8 @@ pub async fn remove_shaper_fq(ifname: &str) -> Result<bool, QdiscError> {
         Err(e) => return Err(e),
     };
     match rtnl.root(ifname, ifindex).await? {
-        RootQdisc::Fq { handle } if handle == SHAPER_FQ_HANDLE => {
-            rtnl.delete_root(ifname, ifindex, handle).await?;
+        RootQdisc::Fq { handle: SHAPER_FQ_HANDLE } | RootQdisc::ShaperMq => {
+            rtnl.delete_root(ifname, ifindex, SHAPER_FQ_HANDLE).await?;
             Ok(true)
         }
         _ => Ok(false),
@@ -401,7 +411,7 @@ pub async fn ensure_fq(ifname: &str, replace_other: bool, limits: FqLimits) -> R
             info!(interface = %ifname, "taking over the fq an earlier shaperd installed; it is removed on stop");
             // Sized for what this configuration's classes may queue, which the earlier one's
             // limits may not be; the kernel changes them in place.
-            rtnl.install_fq(ifname, ifindex, limits).await?;
+            rtnl.install_fq(ifname, ifindex, limits, &root).await?;
             info!(interface = %ifname, %limits, "fq limits set");
             return Ok(FqGuard {
                 ifname: ifname.to_owned(),
@@ -413,9 +423,10 @@ pub async fn ensure_fq(ifname: &str, replace_other: bool, limits: FqLimits) -> R
         Decision::Refuse { kind } => return Err(QdiscError::Occupied { ifname: ifname.to_owned(), kind }),
         Decision::Install(action) => action,
     };
-    rtnl.install_fq(ifname, ifindex, limits).await?;
+    rtnl.install_fq(ifname, ifindex, limits, &root).await?;
     let fq_handle = match rtnl.root(ifname, ifindex).await? {
         RootQdisc::Fq { handle } => handle,
+        RootQdisc::ShaperMq => SHAPER_FQ_HANDLE,
         found => return Err(QdiscError::NotInstalled { ifname: ifname.to_owned(), found }),
     };
     if let Restore::Replaced { .. } = action {
@@ -457,8 +468,8 @@ pub async fn resize_fq(ifname: &str, limits: FqLimits) -> Result<bool, QdiscErro
     let rtnl = Rtnl::open(ifname)?;
     let ifindex = rtnl.ifindex(ifname).await?;
     match rtnl.root_with_fq_limits(ifname, ifindex).await? {
-        (RootQdisc::Fq { handle }, _) if handle == SHAPER_FQ_HANDLE => {
-            rtnl.install_fq(ifname, ifindex, limits).await?;
+        (root @ (RootQdisc::Fq { handle: SHAPER_FQ_HANDLE } | RootQdisc::ShaperMq), _) => {
+            rtnl.install_fq(ifname, ifindex, limits, &root).await?;
             info!(interface = %ifname, %limits, "fq limits set");
             Ok(true)
         }
@@ -490,6 +501,7 @@ impl FqGuard {
         }
         match rtnl.root(&ifname, ifindex).await? {
             RootQdisc::Fq { handle } if handle == fq_handle => {}
+            RootQdisc::ShaperMq if fq_handle == SHAPER_FQ_HANDLE => {}
             now => {
                 warn!(
                     interface = %ifname,
@@ -582,6 +594,17 @@ mod tests {
             assert_eq!(root, RootQdisc::MqAllFq);
             assert_eq!(decide(&root, false), Decision::Keep);
         }
+    }
+
+    #[test]
+    fn shapers_mq_is_taken_over_whatever_its_children() {
+        let mq = entry(MQ, SHAPER_FQ_HANDLE, TC_H_ROOT);
+        let fq1 = entry(FQ, 0x8001_0000, SHAPER_FQ_HANDLE | 1);
+        let fifo2 = entry("pfifo_fast", 0, SHAPER_FQ_HANDLE | 2);
+        assert_eq!(classify(&[mq.clone(), fq1.clone(), fifo2]), RootQdisc::ShaperMq);
+        assert_eq!(classify(&[mq, fq1]), RootQdisc::ShaperMq);
+        assert_eq!(decide(&RootQdisc::ShaperMq, false), Decision::Adopt);
+        assert_eq!(RootQdisc::ShaperMq.to_string(), "mq 5a1f: with shaper's fq on every queue");
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::fmt;
 
 use futures::StreamExt;
 use netlink_packet_route::{
+    link::LinkAttribute,
     tc::{TcAttribute, TcHandle, TcMessage, TcOption},
     RouteNetlinkMessage,
 };
@@ -20,7 +21,7 @@ use rtnetlink::{
 };
 use tracing::debug;
 
-use super::{classify, FqLimits, QdiscEntry, QdiscError, RootQdisc, FQ, SHAPER_FQ_HANDLE, TC_H_ROOT};
+use super::{classify, FqLimits, QdiscEntry, QdiscError, RootQdisc, FQ, MQ, SHAPER_FQ_HANDLE, TC_H_ROOT};
 use crate::netdev;
 
 /// `TCA_FQ_PLIMIT`, `TCA_FQ_FLOW_PLIMIT` (`include/uapi/linux/pkt_sched.h`).
@@ -258,12 +259,56 @@ impl Rtnl {
     }
 
     /// Makes `fq` with `limits` the root qdisc of `ifindex`: `tc qdisc replace root handle
-    /// 5a1f: fq limit .. flow_limit ..`. If that `fq` is already there, the kernel changes its
-    /// limits in place (`tc_modify_qdisc()`: same handle and kind), keeping its queue.
-    pub(super) async fn install_fq(&self, ifname: &str, ifindex: u32, limits: FqLimits) -> Result<(), QdiscError> {
+    /// 5a1f: fq limit .. flow_limit ..`; or, on an interface with several transmit queues,
+    /// `mq` there (`tc qdisc replace root handle 5a1f: mq`) and that `fq` on each of its
+    /// queues (`tc qdisc replace parent 5a1f:N fq ..`). `current` is the root qdisc now: an
+    /// `fq` or `mq` of shaper's already there is kept, and its `fq`s' limits are changed in
+    /// place (`tc_modify_qdisc()`: same kind, keeping their queues).
+    pub(super) async fn install_fq(
+        &self,
+        ifname: &str,
+        ifindex: u32,
+        limits: FqLimits,
+        current: &RootQdisc,
+    ) -> Result<(), QdiscError> {
+        let queues = match current {
+            // An fq of shaper's at the root stays (an mq cannot replace it under the same
+            // handle).
+            RootQdisc::Fq { handle: SHAPER_FQ_HANDLE } => 1,
+            _ => self.tx_queues(ifname, ifindex).await?,
+        };
+        if queues <= 1 {
+            return self.new_fq(ifname, ifindex, TcHandle::ROOT, SHAPER_FQ_HANDLE, limits).await;
+        }
+        if *current != RootQdisc::ShaperMq {
+            let mut message = TcMessage::with_index(tc_index(ifname, ifindex)?);
+            message.header.parent = TcHandle::ROOT;
+            message.header.handle = SHAPER_FQ_HANDLE.into();
+            message.attributes.push(TcAttribute::Kind(MQ.to_owned()));
+            self.acked(RouteNetlinkMessage::NewQueueDiscipline(message), NLM_F_CREATE | NLM_F_REPLACE)
+                .await
+                .map_err(|source| QdiscError::Install { ifname: ifname.to_owned(), source })?;
+        }
+        for queue in 1..=queues {
+            let parent = SHAPER_FQ_HANDLE | (queue & 0xFFFF);
+            self.new_fq(ifname, ifindex, parent.into(), 0, limits).await?;
+        }
+        Ok(())
+    }
+
+    /// `tc qdisc replace parent PARENT handle HANDLE fq limit .. flow_limit ..` (handle 0:
+    /// the kernel's choice).
+    async fn new_fq(
+        &self,
+        ifname: &str,
+        ifindex: u32,
+        parent: TcHandle,
+        handle: u32,
+        limits: FqLimits,
+    ) -> Result<(), QdiscError> {
         let mut message = TcMessage::with_index(tc_index(ifname, ifindex)?);
-        message.header.parent = TcHandle::ROOT;
-        message.header.handle = SHAPER_FQ_HANDLE.into();
+        message.header.parent = parent;
+        message.header.handle = handle.into();
         message.attributes.push(TcAttribute::Kind(FQ.to_owned()));
         message.attributes.push(TcAttribute::Options(vec![
             TcOption::Other(DefaultNla::new(TCA_FQ_PLIMIT, limits.packets.to_ne_bytes().to_vec())),
@@ -277,6 +322,19 @@ impl Rtnl {
             }
             Err(source) => Err(QdiscError::Install { ifname: ifname.to_owned(), source }),
         }
+    }
+
+    /// The number of transmit queues of interface `ifindex` (`IFLA_NUM_TX_QUEUES`; 1 if the
+    /// kernel does not say).
+    async fn tx_queues(&self, ifname: &str, ifindex: u32) -> Result<u32, QdiscError> {
+        let link = netdev::link_by_index(&self.handle, ifindex).await.map_err(|source| link_error(ifname, source))?;
+        let queues = link.and_then(|l| {
+            l.attributes.into_iter().find_map(|a| match a {
+                LinkAttribute::NumTxQueues(n) => Some(n),
+                _ => None,
+            })
+        });
+        Ok(queues.unwrap_or(1))
     }
 
     /// Deletes the root qdisc of `ifindex` if its handle is `handle`.
