@@ -4,6 +4,9 @@
 //! ratios and goals, and writes it to `target/bench/` as JSON and a PNG chart. Runs on the
 //! host kernel (`BPF_PROG_TEST_RUN`; no `fq` needed).
 //!
+//! `--forwarding` runs the VM benchmark that forwards small UDP datagrams through the gateway
+//! namespace with nothing, shaper and HTB on the WAN interface (`tests/tests/vm/forwarding.rs`).
+//!
 //! `--short` is the version the test stage `bench` runs: fewer packets, and a non-zero exit
 //! if a ratio regresses past its bound (`shaper_tests::bench::Row::bound`).
 
@@ -18,12 +21,28 @@ pub struct BenchArgs {
     /// Fewer packets and ticks, no model sweep; fail if a ratio regresses past its bound.
     #[arg(long)]
     pub short: bool,
+    /// Instead: small UDP datagrams forwarded through the gateway namespace with nothing,
+    /// shaper and HTB on the WAN interface, in the VM (its kernel has `sch_fq`).
+    #[arg(long, conflicts_with = "short")]
+    pub forwarding: bool,
 }
+
+/// The VM benchmark `--forwarding` runs.
+const FORWARDING_BENCH: &str = "forwarding::small_udp_through_the_gateway_none_shaper_htb";
 
 /// Builds the bench (optimised: the control loop's tick is timed too) and runs it.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     setup::require_root("the benchmarks (BPF_PROG_TEST_RUN)")?;
     setup::ensure_all()?;
+    if args.forwarding {
+        crate::test::vm_tests(crate::vm::KernelLine::V6_1, &[FORWARDING_BENCH], std::time::Duration::from_secs(1200))?;
+        let written = crate::vm::vm_dir().join("test-run/forwarding.json");
+        let out = util::target_dir().join("bench");
+        std::fs::create_dir_all(&out).with_context(|| out.display().to_string())?;
+        std::fs::copy(&written, out.join("forwarding.json")).with_context(|| written.display().to_string())?;
+        println!("written: {}", out.join("forwarding.json").display());
+        return Ok(());
+    }
     util::run(&mut util::cargo_at_root(&["build", "--release", "-p", "shaper-tests", "--bin", "shaper-bench"]))?;
     let bench = util::target_dir().join("release/shaper-bench");
     let out = util::target_dir().join("bench");

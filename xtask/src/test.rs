@@ -81,7 +81,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
         ("clippy", complete(lint::clippy)),
         ("dependencies", Box::new(deps::check)),
         ("host tests", complete(host_tests)),
-        ("bench", complete(|| bench::run(&bench::BenchArgs { short: true }))),
+        ("bench", complete(|| bench::run(&bench::BenchArgs { short: true, forwarding: false }))),
         ("vm tests", complete(move || vm_tests(KernelLine::V6_1, &[], vm_timeout))),
         ("vm tests (6.12, TCX)", complete(move || vm_tests(KernelLine::V6_12, TCX_VM_TESTS, vm_timeout))),
     ];
@@ -173,11 +173,12 @@ pub fn vm_tests(line: KernelLine, only: &[&str], timeout: Duration) -> anyhow::R
     let bins = crate::demo::build_release_bins()?;
     let exe = build_vm_tests()?;
     let root = util::workspace_root();
-    // `--exact`: a name selects that test only, not every test whose name contains it.
+    // `--exact`: a name selects that test only, not every test whose name contains it;
+    // `--include-ignored`: a benchmark among them runs too (`cargo xtask bench --forwarding`).
     let selection: String = if only.is_empty() {
         String::new()
     } else {
-        std::iter::once(" --exact".to_owned())
+        std::iter::once(" --exact --include-ignored".to_owned())
             .chain(only.iter().map(|name| format!(" {}", util::shell_quote(name))))
             .collect()
     };

@@ -280,7 +280,8 @@ impl Rtnl {
         if queues <= 1 {
             return self.new_fq(ifname, ifindex, TcHandle::ROOT, SHAPER_FQ_HANDLE, limits).await;
         }
-        if *current != RootQdisc::ShaperMq {
+        let created = *current != RootQdisc::ShaperMq;
+        if created {
             let mut message = TcMessage::with_index(tc_index(ifname, ifindex)?);
             message.header.parent = TcHandle::ROOT;
             message.header.handle = SHAPER_FQ_HANDLE.into();
@@ -289,11 +290,46 @@ impl Rtnl {
                 .await
                 .map_err(|source| QdiscError::Install { ifname: ifname.to_owned(), source })?;
         }
-        for queue in 1..=queues {
-            let parent = SHAPER_FQ_HANDLE | (queue & 0xFFFF);
-            self.new_fq(ifname, ifindex, parent.into(), 0, limits).await?;
+        // mq has a child for every queue the device has room for, but shows (and uses) only
+        // those of the queues in use: a veth has room for one per CPU and uses one unless
+        // told otherwise. With one in use, fq at the root instead, as on a single queue.
+        let queues = self.mq_children(ifname, ifindex).await?;
+        if created && queues.len() <= 1 {
+            self.delete_root(ifname, ifindex, SHAPER_FQ_HANDLE).await?;
+            return self.new_fq(ifname, ifindex, TcHandle::ROOT, SHAPER_FQ_HANDLE, limits).await;
+        }
+        for parent in queues {
+            if let Err(e) = self.new_fq(ifname, ifindex, parent.into(), 0, limits).await {
+                // Nothing half-applied: the mq this call created goes (the kernel's default
+                // root comes back).
+                if created {
+                    let _ = self.delete_root(ifname, ifindex, SHAPER_FQ_HANDLE).await;
+                }
+                return Err(e);
+            }
         }
         Ok(())
+    }
+
+    /// The handles (`5a1f:N`) of the queues of shaper's `mq` on `ifindex` that the kernel
+    /// shows: those of the transmit queues in use.
+    async fn mq_children(&self, ifname: &str, ifindex: u32) -> Result<Vec<u32>, QdiscError> {
+        let messages = self
+            .dumped(RouteNetlinkMessage::GetQueueDiscipline(TcMessage::default()))
+            .await
+            .map_err(|source| QdiscError::Dump { ifname: ifname.to_owned(), source })?;
+        let mut parents: Vec<u32> = messages
+            .iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewQueueDiscipline(msg) => QdiscEntry::from_message(msg, ifindex),
+                _ => None,
+            })
+            .map(|e| e.parent)
+            .filter(|p| p >> 16 == SHAPER_FQ_HANDLE >> 16 && p & 0xFFFF != 0)
+            .collect();
+        parents.sort_unstable();
+        parents.dedup();
+        Ok(parents)
     }
 
     /// `tc qdisc replace parent PARENT handle HANDLE fq limit .. flow_limit ..` (handle 0:

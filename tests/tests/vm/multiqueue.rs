@@ -13,37 +13,6 @@ use shaper_tests::{
     sh, Netns,
 };
 
-/// Two classes held to their ceilings (2 and 3 mbit/s) on a fast link.
-const CONFIG: &str = r#"
-[[interface]]
-name = "wan0"
-rate = "100mbit"
-default = "other"
-
-[[class]]
-name = "c2"
-rate = "2mbit"
-ceil = "2mbit"
-
-[[class]]
-name = "c3"
-rate = "3mbit"
-ceil = "3mbit"
-
-[[class]]
-name = "other"
-rate = "1mbit"
-ceil = "1mbit"
-
-[[rule]]
-class = "c2"
-src = "10.1.0.2"
-
-[[rule]]
-class = "c3"
-src = "10.1.0.3"
-"#;
-
 /// A veth pair with two transmit and two receive queues on each end.
 fn veth2(a: &Netns, a_if: &str, a_addr: &[&str], b: &Netns, b_if: &str, b_addr: &[&str]) {
     let queues = ["numtxqueues", "2", "numrxqueues", "2"];
@@ -105,7 +74,8 @@ fn sent_per_queue(topo: &Topology) -> Vec<(String, u64)> {
 fn on_two_transmit_queues_mq_gets_an_fq_per_queue_and_the_classes_keep_their_rates() {
     require_fq();
     let topo = topology("shaper-vm-mq");
-    let mut daemon = topo.shaperd(CONFIG);
+    // c2 and c3 held to their ceilings (2 and 3 mbit/s) on a 100 mbit/s link.
+    let mut daemon = topo.shaperd(super::STATIC_CONFIG);
     let qdisc = String::from_utf8_lossy(&topo.gw.sh(&["tc", "qdisc", "show", "dev", "wan0"]).stdout).into_owned();
     assert!(qdisc.contains("qdisc mq 5a1f: root"), "shaperd puts its mq at the root: {qdisc}\n{}", daemon.log());
     for queue in ["5a1f:1", "5a1f:2"] {
