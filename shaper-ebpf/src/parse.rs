@@ -52,12 +52,6 @@ const MAX_V6_EXT_HEADERS: usize = 6;
 /// A parse failure: the packet is truncated or its headers are inconsistent.
 pub struct Malformed;
 
-impl From<i64> for Malformed {
-    fn from(_errno: i64) -> Self {
-        Self
-    }
-}
-
 /// What the parser learnt besides the classification key. Whole words, for
 /// [`crate::zero_in_place`].
 #[derive(Clone, Copy)]

@@ -238,6 +238,11 @@ fn tick_ns(leaves: usize, ticks: usize) -> f64 {
             samples.push(start.elapsed().as_secs_f64() * 1e9);
         }
     }
+    median(&mut samples)
+}
+
+/// The median of `samples` (reordered); at least one sample.
+pub fn median(samples: &mut [f64]) -> f64 {
     samples.sort_by(f64::total_cmp);
     samples[samples.len() / 2]
 }

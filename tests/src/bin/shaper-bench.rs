@@ -27,7 +27,7 @@ use ipnet::IpNet;
 use shaper::{bpf::Datapath, rules::RuleSpec};
 use shaper_common::{ClassConfig, ClassStats, FLOW_SLOTS, ISOLATE_HOST};
 use shaper_tests::{
-    bench::{Report, Row},
+    bench::{median, Report, Row},
     ipv4, loopback_datapath, require_root, run, Frame, SkbCtx, L4,
 };
 
@@ -278,11 +278,6 @@ fn datapath_mix(report: &mut Report, short: bool) {
     }
 }
 
-fn median(samples: &mut [f64]) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
-}
-
 fn misses_note(share: f64) -> String {
     format!("flow cache missed {:.1} % of packets", share * 100.0)
 }
@@ -292,11 +287,8 @@ fn misses_note(share: f64) -> String {
 fn datapath_repeated(report: &mut Report, short: bool) {
     let repeat = if short { 50_000 } else { 200_000 };
     let samples = if short { 3 } else { 7 };
-    let median = |mut one_run: Box<dyn FnMut() -> f64 + '_>| {
-        let mut v: Vec<f64> = (0..samples).map(|_| one_run()).collect();
-        v.sort_by(f64::total_cmp);
-        v[samples / 2]
-    };
+    let median_of_runs =
+        |mut one_run: Box<dyn FnMut() -> f64 + '_>| median(&mut (0..samples).map(|_| one_run()).collect::<Vec<_>>());
     let section = "datapath, one packet repeated";
     let packet = |src: u32| {
         ipv4(
@@ -309,7 +301,7 @@ fn datapath_repeated(report: &mut Report, short: bool) {
     let mut empty = datapath_with(&[], ClassConfig::default());
     let pass = empty.pass_program().expect("loading the baseline program");
     let p = packet(HOSTS_BASE + 1);
-    let baseline = median(Box::new(|| {
+    let baseline = median_of_runs(Box::new(|| {
         let opts = TestRunOptions { data_in: Some(&p), repeat, ..TestRunOptions::default() };
         pass.test_run(opts).expect("BPF_PROG_TEST_RUN").duration.as_secs_f64() * 1e9
     }));
@@ -322,7 +314,7 @@ fn datapath_repeated(report: &mut Report, short: bool) {
     ] {
         let dp = datapath_with(&rules, extra);
         let p = packet(src);
-        let ns = median(Box::new(|| run(&dp, &p, ctx, repeat).duration.as_secs_f64() * 1e9));
+        let ns = median_of_runs(Box::new(|| run(&dp, &p, ctx, repeat).duration.as_secs_f64() * 1e9));
         report.push(Row::ratio(section, name, ns, baseline, "ns/packet"));
     }
 }
