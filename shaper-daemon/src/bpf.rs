@@ -891,16 +891,16 @@ impl Datapath {
             self.tuples.set(i, tuple, 0).map_err(map_err(maps::TUPLES, format!("tuple {i}")))?;
         }
         let count = u32::try_from(compiled.tuples.len()).expect("at most MAX_TUPLES");
-        let old = self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the epoch"))?;
-        let epoch = old.epoch;
-        if let Some(journal) = &mut self.journal {
+        if self.journal.is_some() {
+            let old = self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the active rules"))?;
             // The old bank is intact until the next rule set is written: switching back to
             // it undoes this one.
-            journal.push(Undo::Rules(old));
+            self.journal.get_or_insert_default().push(Undo::Rules(old));
         }
         let flags = if compiled.tuples.iter().any(Tuple::per_packet) { RULES_PER_PACKET } else { 0 };
+        // switch_rules keeps the datapath's epoch and moves the generation on.
         self.switch_rules(
-            Globals { tuple_count: count, bank, epoch, flags, ..Globals::default() },
+            Globals { tuple_count: count, bank, flags, ..Globals::default() },
             "switching to the new rule bank",
         )?;
         self.banks[bank as usize] = BankContents { keys: Some(keys), ports: Some(ports) };
