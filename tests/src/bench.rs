@@ -192,7 +192,7 @@ fn tick_ns(leaves: usize, ticks: usize) -> f64 {
     const TICK: u64 = 10_000_000;
     let tree = tree(leaves);
     let n = tree.nodes.len();
-    let mut estimators = vec![Estimator::new(); n];
+    let mut estimators: Vec<Estimator> = (0..n).map(|_| Estimator::new()).collect();
     let mut counters = vec![Counters::default(); n];
     let mut pacing = vec![1_000_000u64; n];
     let mut pacer = Pacer::default();
