@@ -153,7 +153,7 @@ pub fn delay_bucket(delay_ns: u64) -> usize {
 /// The version of the maps' layout (their key and value types and sizes). Pinned maps live in
 /// a directory named after it, so a shaperd whose maps differ never opens the pins of another:
 /// bump it whenever a map definition or a struct in this file changes.
-pub const MAP_LAYOUT_VERSION: u32 = 7;
+pub const MAP_LAYOUT_VERSION: u32 = 8;
 
 /// Map names, as they appear in the object file.
 pub mod maps {
@@ -173,8 +173,9 @@ pub mod maps {
     pub const LAN_IFACES: &str = "LAN_IFACES";
     pub const ORIGINS: &str = "ORIGINS";
     pub const IFB_TARGETS: &str = "IFB_TARGETS";
+    pub const RULE_FILTER: &str = "RULE_FILTER";
     /// Every map, for pinning.
-    pub const ALL: [&str; 16] = [
+    pub const ALL: [&str; 17] = [
         IFACES,
         TUPLES,
         RULES,
@@ -191,6 +192,7 @@ pub mod maps {
         LAN_IFACES,
         ORIGINS,
         IFB_TARGETS,
+        RULE_FILTER,
     ];
 }
 
@@ -470,7 +472,10 @@ pub const RULE_KEY_WORDS: usize = 8;
 pub struct Tuple {
     pub mask: [u64; RULE_KEY_WORDS],
     pub min_rule: u32,
-    pub _pad: u32,
+    /// The rule bank's filter (`RULE_FILTER`), as the mask of a bit's index in it: a bit
+    /// count minus one, at most `FILTER_WORDS * 64 - 1`. 0: no filter, the tuple is looked
+    /// up for every packet it is searched for.
+    pub filter_mask: u32,
 }
 
 impl Tuple {
@@ -480,6 +485,46 @@ impl Tuple {
     pub fn per_packet(&self) -> bool {
         self.mask.iter().zip(&PER_PACKET_MASK).any(|(m, p)| m & p != 0)
     }
+}
+
+/// Words of `RULE_FILTER` per rule bank: up to 2^20 bits (128 KiB), of which a bank uses
+/// a power of two, about 16 per `RULES` entry (see [`Tuple::filter_mask`]).
+///
+/// The filter sits in front of `RULES`: each entry of a bank sets the bit its key hashes to
+/// ([`filter_hash`]), and the datapath looks a masked key up only if its bit is set. A key
+/// that no rule holds (most of a tuple search's lookups: a flow matches one tuple or two)
+/// then costs a hash of its eight words and one read of a filter small enough to stay in
+/// the caches, rather than a hash-map lookup that misses them (its bucket array is sized
+/// for `MAX_RULE_ENTRIES` per bank).
+pub const FILTER_WORDS: u32 = 16384;
+
+/// The hash of a `RULES` key (`words`: the key as words, tuple id included) that picks its
+/// bit in `RULE_FILTER`; the bit is `filter_hash(words) & Tuple::filter_mask`. Word by word
+/// ([`FILTER_SEED`], then [`filter_step`] for each), so that the datapath can hash a key as
+/// it masks it.
+#[expect(clippy::inline_always, reason = "called per packet in the tc program, which has no calls to spare")]
+#[inline(always)]
+#[must_use]
+pub const fn filter_hash(words: &[u64; RULE_KEY_WORDS]) -> u64 {
+    let mut h = FILTER_SEED;
+    let mut i = 0;
+    while i < RULE_KEY_WORDS {
+        h = filter_step(h, words[i]);
+        i += 1;
+    }
+    h
+}
+
+/// [`filter_hash`] before the first word.
+pub const FILTER_SEED: u64 = 0xc2b2_ae3d_27d4_eb4f;
+
+/// [`filter_hash`]'s state `h` after one more word.
+#[expect(clippy::inline_always, reason = "called per packet in the tc program, which has no calls to spare")]
+#[inline(always)]
+#[must_use]
+pub const fn filter_step(h: u64, word: u64) -> u64 {
+    let h = (h ^ word).wrapping_mul(FILTER_SEED);
+    h ^ (h >> 29)
 }
 
 /// Value of a `RULES` entry.

@@ -27,12 +27,12 @@ use nix::{
     sys::statfs::{statfs, FsType, BPF_FS_MAGIC},
 };
 use shaper_common::{
-    maps, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, Origin, RuleKey, RuleTarget, Tuple,
+    maps, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, Origin, RuleKey, RuleTarget, Tuple, FILTER_WORDS,
     IFB_PROGRAM_NAME, INGRESS_PROGRAM_NAME, MAP_LAYOUT_VERSION, MAX_CLASSES, MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS,
     PROGRAM_NAME, RULES_PER_PACKET,
 };
 
-use crate::rules::Compiled;
+use crate::rules::{self, Compiled};
 
 /// The tc program, compiled for `bpfel-unknown-none`.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shaper.bpf.o"));
@@ -247,6 +247,7 @@ pub struct Datapath {
     globals: Array<MapData, Globals>,
     tuples: Array<MapData, Tuple>,
     rules: HashMap<MapData, RuleKey, RuleTarget>,
+    rule_filter: Array<MapData, u64>,
     sport_ids: Array<MapData, u16>,
     dport_ids: Array<MapData, u16>,
     len_ids: Array<MapData, u16>,
@@ -282,17 +283,19 @@ struct Attached {
     pin: Option<PathBuf>,
 }
 
-/// The `RULES` keys and the ports (and IP lengths) with interval ids that one rule bank
-/// holds; `None` when not known (written by an earlier process into pinned maps).
+/// The `RULES` keys, the ports (and IP lengths) with interval ids and the `RULE_FILTER`
+/// words with bits set that one rule bank holds; `None` when not known (written by an
+/// earlier process into pinned maps).
 #[derive(Default)]
 struct BankContents {
     keys: Option<Vec<RuleKey>>,
     ports: Option<Vec<u32>>,
+    filter: Option<Vec<u32>>,
 }
 
 impl BankContents {
     fn empty() -> Self {
-        Self { keys: Some(Vec::new()), ports: Some(Vec::new()) }
+        Self { keys: Some(Vec::new()), ports: Some(Vec::new()), filter: Some(Vec::new()) }
     }
 }
 
@@ -370,6 +373,7 @@ impl Datapath {
             globals: take(&mut ebpf, maps::GLOBALS)?,
             tuples: take(&mut ebpf, maps::TUPLES)?,
             rules: take(&mut ebpf, maps::RULES)?,
+            rule_filter: take(&mut ebpf, maps::RULE_FILTER)?,
             sport_ids: take(&mut ebpf, maps::SPORT_IDS)?,
             dport_ids: take(&mut ebpf, maps::DPORT_IDS)?,
             len_ids: take(&mut ebpf, maps::LEN_IDS)?,
@@ -886,8 +890,18 @@ impl Datapath {
                 .map_err(map_err(maps::RULES, format!("inserting the entry of rule {}", target.rule)))?;
             keys.push(key);
         }
+        // The filter before the tuples that use it, and both before the switch: a key of
+        // the bank always finds its bit set.
+        let (filter_mask, filter) = rules::filter(keys.iter());
+        let filter_base = bank * FILTER_WORDS;
+        for (&word, &bits) in &filter {
+            self.rule_filter
+                .set(filter_base + word, bits, 0)
+                .map_err(map_err(maps::RULE_FILTER, format!("word {word}")))?;
+        }
         for (i, tuple) in compiled.tuples.iter().enumerate() {
             let i = bank * MAX_TUPLES + u32::try_from(i).expect("at most MAX_TUPLES");
+            let tuple = Tuple { filter_mask, ..*tuple };
             self.tuples.set(i, tuple, 0).map_err(map_err(maps::TUPLES, format!("tuple {i}")))?;
         }
         let count = u32::try_from(compiled.tuples.len()).expect("at most MAX_TUPLES");
@@ -903,7 +917,8 @@ impl Datapath {
             Globals { tuple_count: count, bank, flags, ..Globals::default() },
             "switching to the new rule bank",
         )?;
-        self.banks[bank as usize] = BankContents { keys: Some(keys), ports: Some(ports) };
+        self.banks[bank as usize] =
+            BankContents { keys: Some(keys), ports: Some(ports), filter: Some(filter.into_keys().collect()) };
         Ok(())
     }
 
@@ -940,11 +955,12 @@ impl Datapath {
         }
     }
 
-    /// Empties rule bank `bank`: the entries and port ids known to be there; the entries of an
-    /// unknown bank are found by walking `RULES`, its ports are all cleared.
+    /// Empties rule bank `bank`: the entries, port ids and filter words known to be there;
+    /// the entries of an unknown bank are found by walking `RULES`, its ports and filter
+    /// words are all cleared.
     fn clear_bank(&mut self, bank: u32) -> Result<(), BpfError> {
         let port_base = bank * PORT_SLOTS;
-        let BankContents { keys, ports } = std::mem::take(&mut self.banks[bank as usize]);
+        let BankContents { keys, ports, filter } = std::mem::take(&mut self.banks[bank as usize]);
         let keys = keys.unwrap_or_else(|| {
             let range = bank * MAX_TUPLES..(bank + 1) * MAX_TUPLES;
             self.rules.keys().filter_map(Result::ok).filter(|k| range.contains(&u32::from(k.tuple))).collect()
@@ -962,6 +978,12 @@ impl Datapath {
             self.sport_ids.set(port_base + port, 0, 0).map_err(map_err(maps::SPORT_IDS, format!("port {port}")))?;
             self.dport_ids.set(port_base + port, 0, 0).map_err(map_err(maps::DPORT_IDS, format!("port {port}")))?;
             self.len_ids.set(port_base + port, 0, 0).map_err(map_err(maps::LEN_IDS, format!("length {port}")))?;
+        }
+        let filter_base = bank * FILTER_WORDS;
+        for word in filter.unwrap_or_else(|| (0..FILTER_WORDS).collect()) {
+            self.rule_filter
+                .set(filter_base + word, 0, 0)
+                .map_err(map_err(maps::RULE_FILTER, format!("clearing word {word}")))?;
         }
         Ok(())
     }

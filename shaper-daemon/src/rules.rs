@@ -12,11 +12,16 @@
 //! [`Compiled::lookup`] runs the same algorithm as the datapath, so unit tests can check it
 //! against a plain linear scan ([`first_match`]).
 
-use std::{collections::HashMap, mem::offset_of, net::IpAddr};
+use std::{
+    collections::{BTreeMap, HashMap},
+    mem::offset_of,
+    net::IpAddr,
+};
 
 use ipnet::IpNet;
 use shaper_common::{
-    RuleKey, RuleTarget, Tuple, L4_ICMP, L4_TCP, L4_TCP_NO_PAYLOAD, MAX_RULE_ENTRIES, MAX_TUPLES, RULE_KEY_WORDS,
+    filter_hash, RuleKey, RuleTarget, Tuple, FILTER_WORDS, L4_ICMP, L4_TCP, L4_TCP_NO_PAYLOAD, MAX_RULE_ENTRIES,
+    MAX_TUPLES, RULE_KEY_WORDS,
 };
 
 /// One rule, with names already resolved to ids.
@@ -221,9 +226,31 @@ const _: () = {
     assert!(size_of::<RuleKey>() == RULE_KEY_WORDS * 8);
 };
 
+/// A rule bank's filter's fewest bits (64 words, 512 bytes).
+const MIN_FILTER_BITS: u64 = 4096;
+/// Filter bits per `RULES` entry: about one key in sixteen that no rule holds finds its bit
+/// set and is looked up anyway.
+const FILTER_BITS_PER_ENTRY: u64 = 16;
+
+/// The filter of a rule bank whose `RULES` keys are `keys` (tuple ids as the bank has them;
+/// see [`shaper_common::FILTER_WORDS`]): the mask of a bit's index (`Tuple::filter_mask`) and
+/// the words that have bits set, by index within the bank.
+#[must_use]
+pub fn filter<'a>(keys: impl ExactSizeIterator<Item = &'a RuleKey>) -> (u32, BTreeMap<u32, u64>) {
+    let max = u64::from(FILTER_WORDS) * 64;
+    let wanted = u64::try_from(keys.len()).unwrap_or(u64::MAX).saturating_mul(FILTER_BITS_PER_ENTRY).min(max);
+    let mask = wanted.next_power_of_two().clamp(MIN_FILTER_BITS, max) - 1;
+    let mut set = BTreeMap::new();
+    for key in keys {
+        let bit = filter_hash(&words(key)) & mask;
+        *set.entry(u32::try_from(bit >> 6).expect("within FILTER_WORDS")).or_insert(0u64) |= 1 << (bit & 63);
+    }
+    (u32::try_from(mask).expect("at most 2^20 bits"), set)
+}
+
 /// The key's memory as the datapath sees it (its fields in `#[repr(C)]` order, native byte
 /// order), as 64-bit words: the unit in which tuple masks are applied.
-fn words(key: &RuleKey) -> [u64; RULE_KEY_WORDS] {
+pub(crate) fn words(key: &RuleKey) -> [u64; RULE_KEY_WORDS] {
     let mut bytes = [0u8; RULE_KEY_WORDS * 8];
     bytes[0..2].copy_from_slice(&key.tuple.to_ne_bytes());
     bytes[2..4].copy_from_slice(&key.iface.to_ne_bytes());
@@ -406,7 +433,8 @@ pub fn compile(rules: &[RuleSpec]) -> Result<Compiled, CompileError> {
     for (id, &pos) in order.iter().enumerate() {
         id_of[pos] = u16::try_from(id).expect("at most MAX_TUPLES tuples");
     }
-    let tuples = order.iter().map(|&pos| Tuple { mask: masks[pos].0, min_rule: masks[pos].1, _pad: 0 }).collect();
+    let tuples =
+        order.iter().map(|&pos| Tuple { mask: masks[pos].0, min_rule: masks[pos].1, filter_mask: 0 }).collect();
     let entries = entries
         .into_iter()
         .map(|(pos, mut key, target)| {
@@ -524,6 +552,44 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// `n` keys of host rules: one /32 source each.
+    fn host_keys(n: u32) -> Vec<RuleKey> {
+        (0..n)
+            .map(|i| {
+                let mut src = [0u8; 16];
+                src[..4].copy_from_slice(&(0x0a00_0000 + i).to_be_bytes());
+                RuleKey { tuple: 3, iface: 1, family: 4, src, ..RuleKey::default() }
+            })
+            .collect()
+    }
+
+    /// Whether the filter `(mask, words)` has the bit of `key` set.
+    fn passes((mask, set): &(u32, BTreeMap<u32, u64>), key: &RuleKey) -> bool {
+        let bit = filter_hash(&words(key)) & u64::from(*mask);
+        set.get(&u32::try_from(bit >> 6).unwrap()).is_some_and(|w| w >> (bit & 63) & 1 == 1)
+    }
+
+    #[test]
+    fn the_filter_passes_every_key_of_its_bank_and_few_others() {
+        for n in [0, 10, 10_000, 131_072] {
+            let keys = host_keys(n);
+            let f = filter(keys.iter());
+            // Sixteen bits a key, within 4,096 bits and FILTER_WORDS words.
+            let bits = u64::from(f.0) + 1;
+            assert!(bits.is_power_of_two() && (4096..=u64::from(FILTER_WORDS) * 64).contains(&bits), "{n}: {bits}");
+            assert!(n == 0 || bits >= (u64::from(n) * 16).min(u64::from(FILTER_WORDS) * 64), "{n}: {bits}");
+            assert!(f.1.keys().all(|&w| w < FILTER_WORDS));
+            assert!(keys.iter().all(|k| passes(&f, k)), "{n}: a key of the bank is filtered out");
+            // Keys of another tuple (the same hosts, tested by another rule shape): at most a
+            // few in a hundred find their bit set (one in sixteen bits is set, or more with
+            // the filter full).
+            let others: Vec<RuleKey> = keys.iter().map(|k| RuleKey { tuple: 4, ..*k }).take(5_000).collect();
+            let false_positives = others.iter().filter(|k| passes(&f, k)).count();
+            let limit = if n > 65_536 { others.len() / 6 } else { others.len() / 12 + 5 };
+            assert!(false_positives <= limit, "{n}: {false_positives} of {} pass", others.len());
+        }
+    }
 
     fn v4(src: [u8; 4], dst: [u8; 4], proto: u8, ports: Option<(u16, u16)>) -> PacketFields {
         PacketFields {

@@ -11,10 +11,12 @@
 //! elementary intervals its rules' ranges make, and the key holds the interval's id, looked
 //! up in an array (`SPORT_IDS`, `DPORT_IDS`, `LEN_IDS`) before the tuples are searched.
 
-use aya_ebpf::{cty::c_void, helpers::bpf_loop};
-use shaper_common::{Globals, RuleKey, RuleTarget, MAX_TUPLES, NO_RULE, PORT_SLOTS, RULE_KEY_WORDS};
+use aya_ebpf::{cty::c_void, helpers::bpf_loop, macros::map, maps::PerCpuArray};
+use shaper_common::{
+    filter_step, Globals, RuleKey, RuleTarget, FILTER_SEED, FILTER_WORDS, MAX_TUPLES, NO_RULE, PORT_SLOTS,
+};
 
-use crate::{parse::Parsed, DPORT_IDS, GLOBALS, LEN_IDS, RULES, SPORT_IDS, TUPLES};
+use crate::{parse::Parsed, DPORT_IDS, GLOBALS, LEN_IDS, RULES, RULE_FILTER, SPORT_IDS, TUPLES};
 
 /// The active rule bank and its tuple count. Read once per packet, so that a packet is
 /// classified by one rule set even while the daemon switches banks.
@@ -66,6 +68,10 @@ pub fn classify(set: Globals, key: &RuleKey) -> Option<RuleTarget> {
     // Truncations: the two halves of the packed target.
     (found != NO_MATCH).then_some(RuleTarget { rule: (found >> 32) as u32, class: found as u32 })
 }
+
+/// Where [`tuple_step`] builds the key it looks up (one per CPU).
+#[map]
+static MASKED_KEY: PerCpuArray<RuleKey> = PerCpuArray::with_max_entries(1, 0);
 
 /// [`first_match`]'s answer when no rule matches.
 const NO_MATCH: u64 = u64::MAX;
@@ -119,18 +125,38 @@ extern "C" fn tuple_step(index: u64, ctx: *mut c_void) -> i64 {
     }
     // SAFETY: as above; the key is first_match's caller's, alive for the whole loop.
     let words = unsafe { (*search).key }.cast::<u64>();
-    let mut masked = [0u64; RULE_KEY_WORDS];
-    for (w, (word, mask)) in masked.iter_mut().zip(&tuple.mask).enumerate() {
+    // The masked key is written to a per-CPU scratch slot rather than the stack: the call
+    // chain's frames (each rounded up to 32 bytes) must fit the verifier's 512 bytes.
+    let Some(masked) = MASKED_KEY.get_ptr_mut(0) else { return 1 };
+    let masked = masked.cast::<u64>();
+    // The key's `filter_hash`, as it is masked.
+    let mut hash = FILTER_SEED;
+    for (w, mask) in tuple.mask.iter().enumerate() {
         // SAFETY: RuleKey is repr(C) and RULE_KEY_WORDS * 8 bytes long (asserted in
         // shaper-common); read_unaligned copes with its 4-byte alignment.
-        *word = unsafe { core::ptr::read_unaligned(words.add(w)) } & mask;
+        let mut word = unsafe { core::ptr::read_unaligned(words.add(w)) } & mask;
+        // The tuple id (its `TUPLES` index) is the key's first field (bits 0..16 of word 0
+        // on little endian); masks never keep those bits.
+        if w == 0 {
+            word |= u64::from(slot as u16);
+        }
+        // SAFETY: a map value of RULE_KEY_WORDS words, aligned to 8; this CPU's alone.
+        unsafe { masked.add(w).write(word) };
+        hash = filter_step(hash, word);
     }
-    // The tuple id (its `TUPLES` index) is the key's first field (bits 0..16 of word 0 on
-    // little endian); masks never keep those bits.
-    masked[0] |= u64::from(slot as u16);
-    // SAFETY: same layout argument as above; `masked` is 8-byte aligned, more than RuleKey
-    // needs, and is read in place.
-    let lookup = unsafe { &*masked.as_ptr().cast::<RuleKey>() };
+    // The bank's filter first: a key whose bit is clear is in no rule of the bank.
+    if tuple.filter_mask != 0 {
+        let bit = hash & u64::from(tuple.filter_mask);
+        let bank_words = if base == 0 { 0 } else { FILTER_WORDS };
+        // Truncation: bit >> 6 < FILTER_WORDS (the mask's bound).
+        if let Some(&bits) = RULE_FILTER.get(bank_words + (bit >> 6) as u32) {
+            if (bits >> (bit & 63)) & 1 == 0 {
+                return 0;
+            }
+        }
+    }
+    // SAFETY: written whole above.
+    let lookup = unsafe { &*masked.cast::<RuleKey>() };
     // SAFETY: the value is copied out at once; entries are replaced whole by userspace.
     if let Some(target) = unsafe { RULES.get(lookup) } {
         if target.rule < best_rule {

@@ -30,8 +30,8 @@ use aya_ebpf::{
 };
 use shaper_common::{
     delay_bucket, frames_ns, ClassConfig, ClassState, ClassStats, Globals, HostState, IfaceConfig, LinkState, Origin,
-    RuleKey, RuleTarget, Tuple, CLASS_BORROWING, CLASS_QUIET, DSCP_OVER, DSCP_SET, HOST_SETS, HOST_SLOTS, HOST_WAYS,
-    IFACE_DOWNLOAD, IFACE_L3, IFACE_NAT, ISOLATE_FLOW, ISOLATE_NONE, LAN_L3, MAX_CLASSES, MAX_IFB_TARGETS,
+    RuleKey, RuleTarget, Tuple, CLASS_BORROWING, CLASS_QUIET, DSCP_OVER, DSCP_SET, FILTER_WORDS, HOST_SETS, HOST_SLOTS,
+    HOST_WAYS, IFACE_DOWNLOAD, IFACE_L3, IFACE_NAT, ISOLATE_FLOW, ISOLATE_NONE, LAN_L3, MAX_CLASSES, MAX_IFB_TARGETS,
     MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, NO_RULE, ORIGIN_SLOTS, PORT_SLOTS, PROFILE_BURST_FRAMES, RULE_BANKS,
     SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
 };
@@ -44,6 +44,9 @@ static GLOBALS: Array<Globals> = Array::with_max_entries(1, 0);
 static TUPLES: Array<Tuple> = Array::with_max_entries(MAX_TUPLES * RULE_BANKS, 0);
 #[map]
 static RULES: HashMap<RuleKey, RuleTarget> = HashMap::with_max_entries(MAX_RULE_ENTRIES * RULE_BANKS, 0);
+/// The rule banks' filters in front of `RULES` (see `shaper_common::FILTER_WORDS`).
+#[map]
+static RULE_FILTER: Array<u64> = Array::with_max_entries(FILTER_WORDS * RULE_BANKS, 0);
 #[map]
 static SPORT_IDS: Array<u16> = Array::with_max_entries(PORT_SLOTS * RULE_BANKS, 0);
 #[map]
