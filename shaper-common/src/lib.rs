@@ -29,9 +29,14 @@ pub const PORT_SLOTS: u32 = 65536;
 /// Hosts (or flows) remembered for isolation inside classes (`HOSTS`, see [`HostState`]).
 pub const HOST_SLOTS: u32 = 65536;
 
-/// Slots of the flow cache (`FLOWS`, an array indexed by the flow's hash, two slots to a
-/// hash: a flow takes over the one whose flow left longest ago). A power of two.
+/// Slots of the flow cache (`FLOWS`, an array of sets of [`FLOW_WAYS`] slots, the set picked
+/// by the flow's hash: a flow takes over the slot of the set whose flow left longest ago).
+/// A power of two.
 pub const FLOW_SLOTS: u32 = 65536;
+/// Slots of a set of the flow cache (adjacent in `FLOWS`: one cache line).
+pub const FLOW_WAYS: u32 = 2;
+/// Sets of the flow cache.
+pub const FLOW_SETS: u32 = FLOW_SLOTS / FLOW_WAYS;
 
 /// Value of `FLOWS`: a flow the datapath has seen, found again by its hash ([`flow_hash`])
 /// without a hash-map lookup, and what it needs of it on each packet: the rules' answer for
