@@ -81,16 +81,19 @@ impl Tree {
         self.nodes[i].children.is_empty()
     }
 
-    /// What node `i` can use: its own demand for a leaf, its children's for an inner class,
-    /// capped at its ceil.
-    fn want(&self, i: usize, demand: &[u64]) -> u64 {
+    /// Sets `wants[i]` to what node `i` can use, and the same for the nodes under it: a
+    /// leaf's own demand, an inner class's children's wants added up, capped at its ceil.
+    /// Returns `wants[i]`. One pass over the tree: each node's want is then read, not
+    /// computed again at each level above it.
+    fn want(&self, i: usize, demand: &[u64], wants: &mut [u64]) -> u64 {
         let n = &self.nodes[i];
         let raw = if n.children.is_empty() {
             demand[i]
         } else {
-            n.children.iter().map(|&c| self.want(c, demand)).fold(0u64, u64::saturating_add)
+            n.children.iter().map(|&c| self.want(c, demand, wants)).fold(0u64, u64::saturating_add)
         };
-        raw.min(n.ceil)
+        wants[i] = raw.min(n.ceil);
+        wants[i]
     }
 
     /// Allocates the link among the leaves. `demand[i]` is what leaf `i` would send (bits/s;
@@ -130,19 +133,21 @@ impl Tree {
     fn allocate_with(&self, demand: &[u64], rates: &[u64], cap: u64) -> Vec<u64> {
         assert_eq!(demand.len(), self.nodes.len(), "one demand per node");
         let mut alloc = vec![0u64; self.nodes.len()];
-        self.give(0, self.want(0, demand).min(cap), demand, rates, &mut alloc);
+        let mut wants = vec![0u64; self.nodes.len()];
+        let root = self.want(0, demand, &mut wants);
+        self.give(0, root.min(cap), &wants, rates, &mut alloc);
         alloc
     }
 
-    /// Gives node `i` exactly `amount` (at most what it wants) and divides it among its
-    /// children, each guaranteed `rates[child]`.
-    fn give(&self, i: usize, amount: u64, demand: &[u64], rates: &[u64], alloc: &mut [u64]) {
+    /// Gives node `i` exactly `amount` (at most what it wants, `all_wants[i]`) and divides it
+    /// among its children, each guaranteed `rates[child]`.
+    fn give(&self, i: usize, amount: u64, all_wants: &[u64], rates: &[u64], alloc: &mut [u64]) {
         alloc[i] = amount;
         let n = &self.nodes[i];
         if n.children.is_empty() {
             return;
         }
-        let wants: Vec<u64> = n.children.iter().map(|&c| self.want(c, demand)).collect();
+        let wants: Vec<u64> = n.children.iter().map(|&c| all_wants[c]).collect();
         // 1. Guarantees.
         let mut split: Vec<u64> = n.children.iter().zip(&wants).map(|(&c, &w)| w.min(rates[c])).collect();
         let mut left = amount.saturating_sub(split.iter().sum());
@@ -158,7 +163,7 @@ impl Tree {
             left = water_fill(&group, &mut split, &wants, |k| self.nodes[n.children[k]].weight, left);
         }
         for (k, &c) in n.children.iter().enumerate() {
-            self.give(c, split[k], demand, rates, alloc);
+            self.give(c, split[k], all_wants, rates, alloc);
         }
     }
 }
