@@ -334,7 +334,7 @@ impl Estimator {
     /// of an update then loads from its own instruction, and as the histories lie one after
     /// the other in class order, the CPU's stride prefetcher has the next class's sample on
     /// its way (a tick at 10,000 classes: 4.5 ms rather than 2.0-2.8, `cargo xtask bench`).
-    #[allow(clippy::inline_always, reason = "one load instruction per search; measured above")]
+    #[expect(clippy::inline_always, reason = "one load instruction per search; measured above")]
     #[inline(always)]
     fn window_start(&self, now: u64, window: u64) -> Option<(u64, (Counters, u64))> {
         let old_enough = |i: usize| now.saturating_sub(self.samples[i].0) >= window;
