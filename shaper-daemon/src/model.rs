@@ -181,8 +181,9 @@ struct Codel {
 }
 
 impl Codel {
-    /// Whether the packet that waits `delay` carries a congestion signal.
-    fn signal(&mut self, delay: u64, now: u64, target: u64, interval: u64) -> bool {
+    /// Whether the packet that waits `delay` carries a congestion signal; a delay past
+    /// `overload` (half the horizon) does not wait for the interval.
+    fn signal(&mut self, delay: u64, now: u64, target: u64, interval: u64, overload: u64) -> bool {
         #[expect(
             clippy::cast_precision_loss,
             clippy::cast_possible_truncation,
@@ -195,11 +196,13 @@ impl Codel {
             self.dropping = false;
             return false;
         }
+        let overloaded = delay > overload;
         if self.first_above == 0 {
             self.first_above = now + interval;
-            return false;
-        }
-        if now < self.first_above {
+            if !overloaded {
+                return false;
+            }
+        } else if now < self.first_above && !overloaded {
             return false;
         }
         if !self.dropping {
@@ -455,7 +458,7 @@ fn pace(
         link.next -= link_cost;
         return None;
     }
-    if s.codel.signal(depart - now, now, target, interval) && !ecn {
+    if s.codel.signal(depart - now, now, target, interval, horizon / 2) && !ecn {
         link.next -= link_cost;
         return None;
     }

@@ -581,8 +581,7 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
     if config.codel_target_ns != 0 {
         // With isolation, only the hosts over their fair share are told to slow down.
         // SAFETY: as above.
-        let signal =
-            unsafe { aqm::codel(state, depart - now, now, config.codel_target_ns, config.codel_interval_ns, over) };
+        let signal = unsafe { aqm::codel(state, depart - now, now, config, over) };
         if let aqm::Signal::Congested = signal {
             if mark_ce(ctx, ip) {
                 stats.ecn_marked_packets += segs;
