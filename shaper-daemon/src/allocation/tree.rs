@@ -151,10 +151,17 @@ impl Tree {
         // 1. Guarantees.
         let mut split: Vec<u64> = n.children.iter().zip(&wants).map(|(&c, &w)| w.min(rates[c])).collect();
         let mut left = amount.saturating_sub(split.iter().sum());
-        // 2. Spare, by prio, then in proportion to weight, water-filling up to each want.
-        let mut prios: Vec<u8> = n.children.iter().map(|&c| self.nodes[c].prio).collect();
-        prios.sort_unstable();
-        prios.dedup();
+        // 2. Spare, by prio, then in proportion to weight, water-filling up to each want. The
+        // children's prios as a set of bits, taken lowest first (sorting them was a tenth of
+        // a tick at 10,000 classes).
+        let mut prios = [0u64; 4];
+        for &c in &n.children {
+            let p = usize::from(self.nodes[c].prio);
+            prios[p / 64] |= 1 << (p % 64);
+        }
+        let prios = prios.into_iter().enumerate().flat_map(|(word, bits)| {
+            (0..64u8).filter(move |b| bits & (1 << b) != 0).map(move |b| u8::try_from(word * 64).unwrap_or(0) + b)
+        });
         for prio in prios {
             if left == 0 {
                 break;
