@@ -182,7 +182,8 @@ struct Codel {
 
 impl Codel {
     /// Whether the packet that waits `delay` carries a congestion signal; a delay past
-    /// `overload` (half the horizon) does not wait for the interval.
+    /// `overload` (half the horizon) in a class that gave no signal for 16 intervals does
+    /// not wait for the interval.
     fn signal(&mut self, delay: u64, now: u64, target: u64, interval: u64, overload: u64) -> bool {
         #[expect(
             clippy::cast_precision_loss,
@@ -196,7 +197,7 @@ impl Codel {
             self.dropping = false;
             return false;
         }
-        let overloaded = delay > overload;
+        let overloaded = delay > overload && now.saturating_sub(self.drop_next) >= 16 * interval;
         if self.first_above == 0 {
             self.first_above = now + interval;
             if !overloaded {
