@@ -197,7 +197,8 @@ impl Codel {
             self.dropping = false;
             return false;
         }
-        let overloaded = delay > overload && now.saturating_sub(self.drop_next) >= 16 * interval;
+        let recent = now.saturating_sub(self.drop_next) < 16 * interval;
+        let overloaded = delay > overload && !recent;
         if self.first_above == 0 {
             self.first_above = now + interval;
             if !overloaded {
@@ -208,7 +209,6 @@ impl Codel {
         }
         if !self.dropping {
             self.dropping = true;
-            let recent = now.saturating_sub(self.drop_next) < 16 * interval;
             self.count = if recent && self.count > 2 { self.count - 2 } else { 1 };
             self.drop_next = now + law(self.count);
             return true;

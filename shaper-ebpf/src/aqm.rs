@@ -66,7 +66,7 @@ fn control_law(interval: u64, count: u64) -> u64 {
 ///
 /// In a frame of its own, as `edt::take_slot`'s core: the verifier then walks the caller's
 /// paths on from one return rather than from each of CoDel's (inlined, the overload test
-/// took the walk on Debian 6.1 past 600,000 instructions: 604,529; in its frame, 590,959);
+/// took the walk on Debian 6.1 past 600,000 instructions: 604,529; in its frame, 588,486);
 /// five arguments at most.
 ///
 /// # Safety
@@ -100,12 +100,14 @@ pub unsafe fn codel(state: *mut ClassState, delay: u64, now: u64, config: &Class
     }
     // SAFETY: as above.
     let (above_since, last) = unsafe { (core::ptr::read_volatile(first_above), core::ptr::read_volatile(drop_next)) };
-    // Past the overload delay with no signal for 16 intervals (RFC 8289's memory of a recent
-    // dropping state): a queue grown from nothing, not CoDel's own standing queue, which its
-    // control law keeps (a class whose target is near half its horizon, 87 ms of 200 at
-    // seed 003's 470 kbit/s, had its single TCP flow cut back on every spike, and its link
-    // use fell 3 %). Branch-free, for the verifier's walk.
-    let overloaded = (delay > overload) & (now.saturating_sub(last) >= 16 * interval);
+    // Whether the class signalled within 16 intervals: RFC 8289's memory of a recent
+    // dropping state, which it resumes near its previous rate of signals.
+    let recent = now.saturating_sub(last) < 16 * interval;
+    // Past the overload delay with no recent signal: a queue grown from nothing, not CoDel's
+    // own standing queue, which its control law keeps (a class whose target is near half its
+    // horizon, 87 ms of 200 at seed 003's 470 kbit/s, had its single TCP flow cut back on
+    // every spike, and its link use fell 3 %). Branch-free, for the verifier's walk.
+    let overloaded = (delay > overload) & !recent;
     if above_since == 0 {
         // SAFETY: as above.
         unsafe { cas(first_above, 0, now + interval) };
@@ -122,15 +124,14 @@ pub unsafe fn codel(state: *mut ClassState, delay: u64, now: u64, config: &Class
     }
     // SAFETY: as above.
     if unsafe { core::ptr::read_volatile(dropping) } == 0 {
-        // Enter the dropping state (one CPU does). As RFC 8289 has it, a class that was
-        // dropping a short while ago (16 intervals) resumes near its previous rate of signals.
+        // Enter the dropping state (one CPU does); a class that was dropping recently resumes
+        // near its previous rate of signals.
         // SAFETY: as above.
         if !unsafe { cas(dropping, 0, 1) } {
             return Signal::None;
         }
         // SAFETY: as above.
-        let (previous, last) = unsafe { (core::ptr::read_volatile(count), core::ptr::read_volatile(drop_next)) };
-        let recent = now.saturating_sub(last) < 16 * interval;
+        let previous = unsafe { core::ptr::read_volatile(count) };
         let start = if recent && previous > 2 { previous - 2 } else { 1 };
         // SAFETY: as above.
         unsafe {

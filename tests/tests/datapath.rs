@@ -883,7 +883,7 @@ fn a_delay_past_half_the_horizon_starts_the_signals_at_once() {
 /// With the flow cache, headers read in place and the host sets: 537,272 on 6.1, 373,750 on
 /// 6.18 (two ways in the flow cache took 6.1 to 914,409, and were left out). With the rule
 /// filter and two ways after all: 554,487 on 6.1; with CoDel's overload entry (in a frame of
-/// its own: inlined, 604,529), 579,599, and 590,959 once it asks whether the class signalled
+/// its own: inlined, 604,529), 579,599, and 588,486 once it asks whether the class signalled
 /// lately.
 #[test]
 fn the_verifier_walk_keeps_two_fifths_of_its_budget() {

@@ -220,7 +220,8 @@ impl Estimator {
     /// Records an observation and returns the class's demand.
     pub fn update(&mut self, o: &Observation) -> Estimate {
         self.note_pause(o);
-        slide(&mut self.samples, o.now_ns, Sample::of(o), RATE_WINDOW_NS);
+        let sample = Sample::of(o);
+        slide(&mut self.samples, o.now_ns, sample, RATE_WINDOW_NS);
         let offered = Self::rate_since(self.samples[0], o);
         let window = queue_window(o.pacing);
         // The starts of the queue window, of the silence window (whether the class is quiet,
@@ -234,8 +235,7 @@ impl Estimator {
             && (o.backlog_ns >= window
                 || (o.backlog_ns > 0
                     && recent.is_some_and(|(_, s0)| {
-                        let now = Sample::of(o);
-                        now.packets != s0.packets && now.idle_packets == s0.idle_packets
+                        sample.packets != s0.packets && sample.idle_packets == s0.idle_packets
                     })));
         if limited {
             self.limited_at = Some(o.now_ns);
@@ -258,7 +258,7 @@ impl Estimator {
             // draining): give it what drains the bunch, and no more.
             // The class had a queue throughout the window (it is limited), so it sent at its
             // pacing rate; a queue that did not shrink means that at least as much arrived.
-            let keeps_up = recent.is_none_or(|(_, s0)| Sample::of(o).backlog_us >= s0.backlog_us);
+            let keeps_up = recent.is_none_or(|(_, s0)| sample.backlog_us >= s0.backlog_us);
             self.streak = if keeps_up { self.streak.saturating_add(1) } else { 0 };
             let grown = if self.streak == 0 {
                 0
