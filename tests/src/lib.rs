@@ -264,6 +264,12 @@ pub fn run_at(dp: &Datapath, hook: shaper::bpf::Hook, packet: &[u8], ctx: SkbCtx
     RunResult { action: r.return_value, ctx: SkbCtx::from_bytes(&ctx_out), duration: r.duration, data: data_out }
 }
 
+/// The number after the word `name` in `nft list` output: a counter's `packets` or `bytes`.
+#[must_use]
+pub fn nft_value(text: &str, name: &str) -> Option<u64> {
+    text.split_whitespace().skip_while(|w| *w != name).nth(1).and_then(|v| v.parse().ok())
+}
+
 /// Runs a command, panicking with its output if it fails.
 pub fn sh(args: &[&str]) -> Output {
     let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("running {args:?}: {e}"));

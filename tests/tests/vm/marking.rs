@@ -36,8 +36,7 @@ src = "10.1.0.2"
 fn counted(topo: &shaper_tests::gateway::Topology, name: &str) -> u64 {
     let out = topo.srv.sh(&["nft", "list", "counter", "inet", "marks", name]);
     let text = String::from_utf8_lossy(&out.stdout);
-    let bytes = text.split_whitespace().skip_while(|w| *w != "bytes").nth(1);
-    bytes.and_then(|b| b.parse().ok()).unwrap_or_else(|| panic!("counter {name}: {text}"))
+    shaper_tests::nft_value(&text, "bytes").unwrap_or_else(|| panic!("counter {name}: {text}"))
 }
 
 #[test]

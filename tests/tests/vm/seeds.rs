@@ -25,6 +25,7 @@ use shaper_tests::gateway::{
     htb_fq_codel_commands, monotonic_secs, receiver_intervals, require_fq, sleep_until, wire_rate, Daemon, Topology,
     UdpLoad, SERVER, UDP_WIRE_HEADERS, WIRE_PER_GOODPUT,
 };
+use shaper_tests::nft_value;
 
 use super::{edited, p99, rtts};
 
@@ -495,11 +496,7 @@ fn lab_port_bytes(topo: &Topology) -> (f64, Vec<(u16, u64)>) {
                 .lines()
                 .find(|l| l.contains(&format!("dport {port} counter")))
                 .unwrap_or_else(|| panic!("no counter for port {port} in {text}"));
-            let field = |name: &str| -> u64 {
-                let words: Vec<&str> = line.split_whitespace().collect();
-                let i = words.iter().position(|w| *w == name).unwrap_or_else(|| panic!("no {name} in {line}"));
-                words[i + 1].parse().unwrap_or_else(|e| panic!("{name} in {line}: {e}"))
-            };
+            let field = |name: &str| nft_value(line, name).unwrap_or_else(|| panic!("no {name} in {line}"));
             (port, field("bytes").saturating_sub(TCP_IP_HEADERS * field("packets")))
         })
         .collect();
@@ -508,9 +505,9 @@ fn lab_port_bytes(topo: &Topology) -> (f64, Vec<(u16, u64)>) {
 
 /// Each phase's wire rates (bit/s), per port, through `system`: the TCP payload that reached
 /// the server between [`PHASE_FROM`] and [`PHASE_TO`] seconds into the phase, counted by
-/// the server's kernel, in full-size frames ([`WIRE_PER_GOODPUT`]). (The receiving application's own intervals count what it read:
-/// an application held up under emulation just before the window reads a burst inside it,
-/// and a 1 Mbit/s class measured 1.086 so.)
+/// the server's kernel, in full-size frames ([`WIRE_PER_GOODPUT`]). (The receiving
+/// application's own intervals count what it read: an application held up under emulation
+/// just before the window reads a burst inside it, and a 1 Mbit/s class measured 1.086 so.)
 fn lab(system: System, tag: &str) -> Vec<Vec<(u16, f64)>> {
     let config = shaper::config::Config::parse(SEED_004, std::path::Path::new("seed-004-lab.toml"))
         .unwrap_or_else(|e| panic!("{e}"));
