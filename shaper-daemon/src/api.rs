@@ -72,7 +72,9 @@
 //! - at most [`MAX_CONNECTIONS`] connections are open. When all are taken, a new one takes the
 //!   place of the connection that has waited longest for a request (one that never sent a whole
 //!   request before one that did), which is closed; connections with a request under way keep
-//!   theirs, and while every one has a request under way, new ones wait in the listen backlog.
+//!   theirs, and so does a connection that has waited less than [`GIVE_WAY_AFTER`] (a client
+//!   that connects and then writes its request may be kept from the CPU in between). While no
+//!   place can be taken, new connections wait in the listen backlog.
 //!
 //! The socket is created with mode 0660, group [`SOCKET_GROUP`] when that group exists.
 
@@ -110,6 +112,10 @@ pub const MAX_LINE: usize = 64 * 1024;
 /// request gives its place to a new one (see the module doc). Each holds at most
 /// [`MAX_LINE`] bytes of request and a reply.
 pub const MAX_CONNECTIONS: usize = 64;
+/// Time a connection waits for a request before its place may be given to a new one. With
+/// every place held by clients that send nothing, a new client waits at most this (and its
+/// turn in the listen backlog).
+pub const GIVE_WAY_AFTER: Duration = Duration::from_secs(1);
 /// Time a request line may take from its first byte to its newline, and from its newline to
 /// its reply (waiting for its turn included); a new connection's first request must start
 /// within this of its accept.
@@ -334,12 +340,18 @@ pub struct Server {
 #[derive(Clone, Copy, Debug)]
 struct Limits {
     connections: usize,
+    give_way_after: Duration,
     request: Duration,
     reply: Duration,
 }
 
 impl Limits {
-    const DEFAULT: Self = Self { connections: MAX_CONNECTIONS, request: REQUEST_TIMEOUT, reply: REPLY_TIMEOUT };
+    const DEFAULT: Self = Self {
+        connections: MAX_CONNECTIONS,
+        give_way_after: GIVE_WAY_AFTER,
+        request: REQUEST_TIMEOUT,
+        reply: REPLY_TIMEOUT,
+    };
 }
 
 impl Server {
@@ -375,21 +387,10 @@ impl Server {
     /// Serves connections until `shutdown` completes; see the module doc for the limits.
     pub async fn serve<H: Handler>(&self, handler: Arc<H>, shutdown: impl Future<Output = ()>) {
         let limits = self.limits;
-        let slots = Slots::new(limits.connections);
+        let slots = Slots::new(limits.connections, limits.give_way_after);
         let turn = Arc::new(Semaphore::new(1));
         tokio::pin!(shutdown);
         loop {
-            // A place first, so that a client that finds none waits in the listen backlog.
-            loop {
-                let changed = slots.changed.notified();
-                if slots.make_room() {
-                    break;
-                }
-                tokio::select! {
-                    () = &mut shutdown => return,
-                    () = changed => {}
-                }
-            }
             let stream = tokio::select! {
                 () = &mut shutdown => return,
                 accepted = self.listener.accept() => match accepted {
@@ -404,6 +405,28 @@ impl Server {
                     }
                 },
             };
+            // A place for it before the next accept: while it waits for one, the clients
+            // after it wait in the listen backlog. A place is taken only for a client that is
+            // there, never in advance.
+            loop {
+                let changed = slots.changed.notified();
+                let takeable = match slots.make_room() {
+                    Room::Made => break,
+                    Room::At(when) => Some(when),
+                    Room::None => None,
+                };
+                let takeable = async {
+                    match takeable {
+                        Some(when) => tokio::time::sleep_until(when).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = &mut shutdown => return,
+                    () = changed => {}
+                    () = takeable => {}
+                }
+            }
             let slot = slots.open();
             let handler = Arc::clone(&handler);
             let turn = Arc::clone(&turn);
@@ -425,6 +448,7 @@ impl Drop for Server {
 /// The open connections, as the accept loop sees them when it needs a place for a new one.
 struct Slots {
     limit: usize,
+    give_way_after: Duration,
     table: std::sync::Mutex<SlotTable>,
     /// Notified when a connection closes or starts waiting for a request (it may then give
     /// its place away).
@@ -454,27 +478,32 @@ struct Waiting {
 }
 
 impl Slots {
-    fn new(limit: usize) -> Arc<Self> {
-        Arc::new(Self { limit, table: std::sync::Mutex::default(), changed: Notify::new() })
+    fn new(limit: usize, give_way_after: Duration) -> Arc<Self> {
+        Arc::new(Self { limit, give_way_after, table: std::sync::Mutex::default(), changed: Notify::new() })
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, SlotTable> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether a new connection may be accepted now: a place is free, or one was freed by
-    /// closing the connection that has waited longest for a request. False while every open
-    /// connection has a request under way.
-    fn make_room(&self) -> bool {
+    /// Whether a new connection may have a place now: a place is free, or one was freed by
+    /// closing the connection that has waited longest for a request, if it has waited
+    /// [`GIVE_WAY_AFTER`] (else when it will have).
+    fn make_room(&self) -> Room {
         let mut table = self.table();
         if table.open.len() < self.limit {
-            return true;
+            return Room::Made;
         }
-        let longest = table.open.iter().filter_map(|(id, slot)| Some((slot.waiting?, *id))).min();
-        longest.is_some_and(|(waiting, id)| {
-            debug!(?waiting, "closing the control connection that waited longest, to make room");
-            table.open.remove(&id).is_some()
-        })
+        let Some((waiting, id)) = table.open.iter().filter_map(|(id, slot)| Some((slot.waiting?, *id))).min() else {
+            return Room::None;
+        };
+        let takeable = waiting.since + self.give_way_after;
+        if Instant::now() < takeable {
+            return Room::At(takeable);
+        }
+        debug!(?waiting, "closing the control connection that waited longest, to make room");
+        table.open.remove(&id);
+        Room::Made
     }
 
     /// The place of a connection just accepted: it cannot be taken until the connection has
@@ -487,6 +516,16 @@ impl Slots {
         table.open.insert(id, SlotState { waiting: None, _close: close });
         Slot { slots: Arc::clone(self), id, closed }
     }
+}
+
+/// What [`Slots::make_room`] found.
+enum Room {
+    /// A place is free.
+    Made,
+    /// None yet; the place of the connection that waited longest may be taken at this instant.
+    At(Instant),
+    /// None while every open connection has a request under way.
+    None,
 }
 
 /// One connection's place among the [`Slots`]; freed on drop.
@@ -868,7 +907,12 @@ mod tests {
     async fn clients_that_send_nothing_give_their_places_to_new_ones() {
         let dir = tempfile::tempdir().unwrap();
         // Timeouts far longer than the test: only giving way can free a place here.
-        let limits = Limits { connections: 4, request: Duration::from_mins(1), reply: Duration::from_mins(1) };
+        let limits = Limits {
+            connections: 4,
+            give_way_after: Duration::from_millis(100),
+            request: Duration::from_mins(1),
+            reply: Duration::from_mins(1),
+        };
         let (path, _stop) = serve_with(dir.path(), limits).await;
         // An idle client that had a request answered (as `shaperctl top` between refreshes).
         let mut top = Client::connect(&path).await.unwrap();
@@ -902,9 +946,49 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_client_slow_to_send_its_request_keeps_its_place_for_a_while() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = Limits {
+            connections: 1,
+            give_way_after: Duration::from_millis(500),
+            request: Duration::from_mins(1),
+            reply: Duration::from_mins(1),
+        };
+        let (path, _stop) = serve_with(dir.path(), limits).await;
+        // It connects, is kept from writing for 200 ms, and meanwhile another client comes.
+        let slow = UnixStream::connect(&path).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let next = tokio::spawn({
+            let path = path.clone();
+            async move {
+                let mut client = Client::connect(&path).await.unwrap();
+                client.call(&Request::Status {}).await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let (read, mut write) = slow.into_split();
+        write.write_all(b"{\"cmd\":\"status\"}\n").await.unwrap();
+        let mut reader = BufReader::new(read);
+        let mut reply = String::new();
+        tokio::time::timeout(Duration::from_secs(5), reader.read_line(&mut reply)).await.unwrap().unwrap();
+        assert!(reply.contains("\"Ok\""), "the slow client kept its place and was answered: {reply:?}");
+        // Then it waits for another request: after 500 ms its place goes to the next client.
+        let answered = tokio::time::timeout(Duration::from_secs(5), next).await.expect("the next client is served");
+        assert!(matches!(answered, Ok(Ok(Ok(_)))), "{answered:?}");
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(1), reader.read_to_end(&mut rest)).await;
+        assert!(matches!(closed, Ok(Ok(0))), "the slow client gave its place away: {closed:?}");
+    }
+
+    #[tokio::test]
     async fn silent_and_slow_clients_are_closed_after_the_request_timeout() {
         let dir = tempfile::tempdir().unwrap();
-        let limits = Limits { connections: 4, request: Duration::from_millis(300), reply: Duration::from_secs(5) };
+        let limits = Limits {
+            connections: 4,
+            give_way_after: Duration::from_millis(100),
+            request: Duration::from_millis(300),
+            reply: Duration::from_secs(5),
+        };
         let (path, _stop) = serve_with(dir.path(), limits).await;
         let started = Instant::now();
         let mut silent = UnixStream::connect(&path).await.unwrap();
@@ -941,7 +1025,12 @@ mod tests {
     #[tokio::test]
     async fn a_client_that_reads_no_replies_is_closed_and_others_are_served_meanwhile() {
         let dir = tempfile::tempdir().unwrap();
-        let limits = Limits { connections: 4, request: Duration::from_secs(5), reply: Duration::from_millis(300) };
+        let limits = Limits {
+            connections: 4,
+            give_way_after: Duration::from_millis(100),
+            request: Duration::from_secs(5),
+            reply: Duration::from_millis(300),
+        };
         let (path, _stop) = serve_with(dir.path(), limits).await;
         let (_read, mut write) = UnixStream::connect(&path).await.unwrap().into_split();
         // Requests until the daemon gives up on the replies piling up unread and closes the
