@@ -20,7 +20,7 @@ use shaper_common::{
 
 use crate::{
     allocation::{
-        demand::{self, Counters, Estimator, Observation},
+        demand::{self, Counters, Estimator, Histories, Observation},
         pacing::{Leaf, Mode, Pacer},
         tree::{Node, Tree},
     },
@@ -275,6 +275,7 @@ pub fn simulate_with_headroom(
     let mut link_clock = LinkClock { next: 0, hold: 0, bytes_per_sec: link / 100 * (100 + LINK_SLACK_PERCENT) / 8 };
     let mut run = Run { classes: classes.to_vec(), departures: Vec::new(), pacing: Vec::new() };
     let mut pacer = Pacer::default();
+    let mut histories = Histories::new();
     let mut next_tick = tick;
     let mut now = 0u64;
     while now < duration {
@@ -298,14 +299,14 @@ pub fn simulate_with_headroom(
         if now >= next_tick {
             next_tick += tick;
             let mut leaves = vec![Leaf::default(); classes.len() + 1];
+            histories.start_row(now, classes.len());
             for (c, s) in st.iter_mut().enumerate() {
                 let backlog_ns = s.next.saturating_sub(now);
-                let e = s.estimator.update(&Observation {
-                    now_ns: now,
-                    counters: s.counters,
-                    backlog_ns,
-                    pacing: s.rate * 8,
-                });
+                let e = s.estimator.update(
+                    &mut histories,
+                    c,
+                    &Observation { now_ns: now, counters: s.counters, backlog_ns, pacing: s.rate * 8 },
+                );
                 leaves[c + 1] =
                     Leaf { demand: e.demand, limited: e.limited, lately_limited: e.lately_limited, backlog_ns };
             }

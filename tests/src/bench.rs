@@ -12,7 +12,7 @@ use std::{path::Path, time::Instant};
 
 use anyhow::Context as _;
 use shaper::allocation::{
-    demand::{fair_share, Counters, Estimator, Observation},
+    demand::{fair_share, Counters, Estimator, Histories, Observation},
     pacing::{Leaf, Pacer},
     tree::{Node, Tree},
 };
@@ -193,6 +193,7 @@ fn tick_ns(leaves: usize, ticks: usize) -> f64 {
     let tree = tree(leaves);
     let n = tree.nodes.len();
     let mut estimators: Vec<Estimator> = (0..n).map(|_| Estimator::new()).collect();
+    let mut histories = Histories::new();
     let mut counters = vec![Counters::default(); n];
     let mut pacing = vec![1_000_000u64; n];
     let mut pacer = Pacer::default();
@@ -201,6 +202,7 @@ fn tick_ns(leaves: usize, ticks: usize) -> f64 {
         let now = (t as u64 + 1) * TICK;
         let start = Instant::now();
         let mut leaf = vec![Leaf::default(); n];
+        histories.start_row(now, n);
         for i in (1..n).filter(|&i| tree.is_leaf(i)) {
             let sends = match i % 3 {
                 0 => pacing[i] / 800,
@@ -220,12 +222,11 @@ fn tick_ns(leaves: usize, ticks: usize) -> f64 {
                 c.idle_packets += sends / 1500 + 1;
             }
             let backlog = if i % 3 == 0 { 20_000_000 } else { 0 };
-            let e = estimators[i].update(&Observation {
-                now_ns: now,
-                counters: *c,
-                backlog_ns: backlog,
-                pacing: pacing[i],
-            });
+            let e = estimators[i].update(
+                &mut histories,
+                i,
+                &Observation { now_ns: now, counters: *c, backlog_ns: backlog, pacing: pacing[i] },
+            );
             leaf[i] =
                 Leaf { demand: e.demand, limited: e.limited, lately_limited: e.lately_limited, backlog_ns: backlog };
         }

@@ -110,11 +110,66 @@ pub struct Estimate {
     pub lately_limited: bool,
 }
 
-/// The demand estimator of one leaf class: its counter history and last demand.
+/// The counter histories of a set of leaf classes, kept by row: one row a tick, with its
+/// time, the classes side by side in it (each in its column). Every class updated at a tick
+/// is observed at the row's time, so a window starts at the same row for all of them, and a
+/// tick reads each of the rows it needs from one end to the other: at 10,000 classes the
+/// histories do not fit in the caches, and a class's own history, one block per class, made a
+/// tick wait on a load that missed them for each window of each class (at 10,000 classes,
+/// 1.5-2.8 ms a tick rather than 1.05-1.3, old and new builds alternated on one machine).
+#[derive(Debug, Default)]
+pub struct Histories {
+    /// The rows' times, oldest first, covering [`RATE_WINDOW_NS`]: the oldest is at or before
+    /// its start.
+    times: VecDeque<u64>,
+    /// The rows, as `times`.
+    rows: VecDeque<Vec<Sample>>,
+    /// Rows forgotten, kept for the next ones.
+    spare: Vec<Vec<Sample>>,
+}
+
+impl Histories {
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Starts the row of the tick at `now`, with room for the columns below `width`: the
+    /// estimators updated at this tick observe their classes at `now`. Rows older than the
+    /// longest window are forgotten. (A second start at the same time, or an earlier one,
+    /// keeps the last row.)
+    pub fn start_row(&mut self, now: u64, width: usize) {
+        if self.times.back().is_none_or(|&last| now > last) {
+            let row = self.spare.pop().unwrap_or_default();
+            self.times.push_back(now);
+            self.rows.push_back(row);
+            while self.times.len() > 2 && self.times.get(1).is_some_and(|&t| now.saturating_sub(t) >= RATE_WINDOW_NS) {
+                self.times.pop_front();
+                self.spare.extend(self.rows.pop_front());
+            }
+        }
+        // What a row held before it was reused is never read: each estimator knows which rows
+        // hold its class's samples.
+        if let Some(row) = self.rows.back_mut().filter(|row| row.len() < width) {
+            row.resize(width, Sample::default());
+        }
+    }
+
+    /// The time of row `i` and the sample of `column` in it.
+    fn get(&self, i: usize, column: usize) -> (u64, Sample) {
+        (self.times[i], self.rows[i][column])
+    }
+}
+
+/// The demand estimator of one leaf class: where its history is in [`Histories`], and its
+/// last demand.
 #[derive(Debug, Clone)]
 pub struct Estimator {
-    /// (time ns, counters), oldest first, covering [`RATE_WINDOW_NS`].
-    samples: VecDeque<(u64, Sample)>,
+    /// The time of the last row the class was observed at.
+    last_ns: Option<u64>,
+    /// The rows in a row, up to that one, the class was observed at: its history (a class
+    /// missing from a row, new or skipped by a failed tick, starts a new one).
+    rows: usize,
     /// The last demand given.
     demand: u64,
     /// Limited ticks in a row whose queue did not shrink (or was deep).
@@ -144,12 +199,11 @@ impl Default for Estimator {
     }
 }
 
-/// What an estimator keeps of an observation, in 32 bytes with its time (40 in full): at
-/// 10,000 classes the histories do not fit in the caches, and a tick waits on the memory
-/// they take. The packet counters are kept in their low 32 bits (the estimator only asks
+/// What an estimator keeps of an observation, in 24 bytes (32 in full): at 10,000 classes
+/// the histories do not fit in the caches, and a tick waits on the memory they take. The packet counters are kept in their low 32 bits (the estimator only asks
 /// whether they moved within its window, and 2^32 packets do not pass in one), the backlog
 /// in microseconds (up to 71 minutes).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Sample {
     offered_bytes: u64,
     packets: u32,
@@ -168,13 +222,6 @@ impl Sample {
         }
     }
 }
-
-/// The samples an estimator makes room for when it is made: [`RATE_WINDOW_NS`] at the
-/// default 10 ms tick, and a few more for a late tick. The histories of the classes a
-/// configuration makes are then allocated together, in class order, and a tick reads them
-/// from memory in order rather than from wherever each grew to (at 10,000 classes a tick
-/// took 5.0 ms rather than 4.3, `cargo xtask bench`).
-const HISTORY_ROOM: usize = (RATE_WINDOW_NS / 10_000_000) as usize + 8;
 
 /// A class that is not limited and offered less than `1/STOPPED_DIVISOR` of its long-window
 /// rate over the last 100 ms has (nearly) stopped: it wants what it offered lately (an
@@ -206,7 +253,8 @@ impl Estimator {
     #[must_use]
     pub fn with_headroom(percent: u64) -> Self {
         Self {
-            samples: VecDeque::with_capacity(HISTORY_ROOM),
+            last_ns: None,
+            rows: 0,
             demand: 0,
             streak: 0,
             quiet_at: None,
@@ -217,20 +265,27 @@ impl Estimator {
         }
     }
 
-    /// Records an observation and returns the class's demand.
-    pub fn update(&mut self, o: &Observation) -> Estimate {
-        self.note_pause(o);
+    /// Records an observation in `column` of the row [`Histories::start_row`] started last,
+    /// at `o.now_ns`, and returns the class's demand.
+    pub fn update(&mut self, h: &mut Histories, column: usize, o: &Observation) -> Estimate {
+        let n = h.times.len();
+        assert!(n > 0 && h.times[n - 1] == o.now_ns, "an observation at the time of the row started last");
+        if self.last_ns != Some(o.now_ns) {
+            let previous = n.checked_sub(2).map(|i| h.times[i]);
+            self.rows = if self.last_ns.is_some() && self.last_ns == previous { (self.rows + 1).min(n) } else { 1 };
+            self.last_ns = Some(o.now_ns);
+        }
+        // The class's history: rows `first..n`.
+        let first = n - self.rows;
+        self.note_pause(h, column, first, o);
         let sample = Sample::of(o);
-        slide(&mut self.samples, o.now_ns, sample, RATE_WINDOW_NS);
-        let offered = Self::rate_since(self.samples[0], o);
+        h.rows[n - 1][column] = sample;
+        let offered = Self::rate_since(h.get(first, column), o);
         let window = queue_window(o.pacing);
-        // The starts of the queue window, of the silence window (whether the class is quiet,
-        // and for most classes whether it is silent) and of the recent window (what a class
-        // that is not limited offered lately), searched together: their loads are then in
-        // flight at once (see `window_start`).
-        let recent = self.window_start(o.now_ns, window);
-        let at_silence = self.window_start(o.now_ns, SILENCE_NS);
-        let lately_start = self.window_start(o.now_ns, recent_window(o.pacing));
+        // The starts of the queue window and of the silence window (whether the class is
+        // quiet, and for most classes whether it is silent).
+        let recent = Self::window_start(h, column, first, o.now_ns, window);
+        let at_silence = Self::window_start(h, column, first, o.now_ns, SILENCE_NS);
         let limited = o.pacing != 0
             && (o.backlog_ns >= window
                 || (o.backlog_ns > 0
@@ -252,7 +307,7 @@ impl Estimator {
             // paced, so this is the arrival rate, not the departure rate).
             let arriving = recent.map_or(offered, |s| Self::rate_since(s, o));
             // Enough to drain the queue within DRAIN_NS, on top of what arrives.
-            let drain = saturate(u128::from(o.backlog_ns.min(DRAIN_NS)) * u128::from(o.pacing) / u128::from(DRAIN_NS));
+            let drain = mul_div(o.backlog_ns.min(DRAIN_NS), o.pacing, DRAIN_NS);
             // Arrivals that keep up with the pacing rate: the class would send more if it
             // could; grow it faster and faster. Arrivals below it (a bunch of packets
             // draining): give it what drains the bunch, and no more.
@@ -276,7 +331,8 @@ impl Estimator {
             // writes in bursts (16 KB every 50 ms) has two writes or three in 100 ms, and its
             // demand would jump with each third.
             let recent = recent_window(o.pacing);
-            let lately = lately_start.map_or(offered, |s| Self::rate_since(s, o));
+            let lately =
+                Self::window_start(h, column, first, o.now_ns, recent).map_or(offered, |s| Self::rate_since(s, o));
             let mut risen = if lately_limited { lately } else { 0 };
             // A class that was quiet until a moment ago (a transfer starting): what it sent
             // since, over the time since, not spread over windows it was quiet in (its
@@ -294,8 +350,12 @@ impl Estimator {
             // them, and is paced at its guarantee when it writes again; its share must stay
             // reserved, or the link carries it on top of what the others were given.
             let silence = frames_ns(4, offered).clamp(SILENCE_NS, RATE_WINDOW_NS);
-            let silent = if silence == SILENCE_NS { at_silence } else { self.window_start(o.now_ns, silence) }
-                .is_some_and(|(_, s0)| s0.offered_bytes == o.counters.offered_bytes);
+            let silent = if silence == SILENCE_NS {
+                at_silence
+            } else {
+                Self::window_start(h, column, first, o.now_ns, silence)
+            }
+            .is_some_and(|(_, s0)| s0.offered_bytes == o.counters.offered_bytes);
             let offered = if silent || self.stopped(o.now_ns) {
                 0
             } else if lately < offered / STOPPED_DIVISOR {
@@ -324,8 +384,9 @@ impl Estimator {
 
     /// Records the pause that ends at this observation, if the class offered more than at
     /// the last one.
-    fn note_pause(&mut self, o: &Observation) {
-        let sent = self.samples.back().is_none_or(|(_, s)| o.counters.offered_bytes > s.offered_bytes);
+    fn note_pause(&mut self, h: &Histories, column: usize, first: usize, o: &Observation) {
+        let previous = (h.times.len() - 1).checked_sub(1).filter(|&i| i >= first);
+        let sent = previous.is_none_or(|i| o.counters.offered_bytes > h.get(i, column).1.offered_bytes);
         if !sent {
             return;
         }
@@ -360,44 +421,32 @@ impl Estimator {
     fn rate_between(t0: u64, bytes0: u64, o: &Observation) -> u64 {
         let bytes = o.counters.offered_bytes.saturating_sub(bytes0);
         let ns = o.now_ns.saturating_sub(t0);
-        // In 64 bits up to 2.3 GB (a 128-bit division costs as much as the rest of a search).
-        match bytes.checked_mul(8_000_000_000) {
-            Some(bits_ns) => bits_ns.checked_div(ns).unwrap_or(0),
-            None => (u128::from(bytes) * 8_000_000_000).checked_div(u128::from(ns)).map_or(0, saturate),
-        }
+        mul_div(bytes, 8_000_000_000, ns)
     }
 
-    /// The newest sample at least `window` old.
-    /// The samples are in time order and about a tick apart: the search starts where the
-    /// spacing of the two newest samples puts the sample and walks from there, reading one
-    /// cache line or two of the history rather than a binary search's half dozen (at 10,000
-    /// classes the histories do not fit in the caches, and a tick is spent waiting on
-    /// memory). The start is reckoned from the newest samples, which the update has just
-    /// written, not from the oldest: an update's searches then wait on no load but their
-    /// own, and their loads are in flight together (reckoned from the oldest, each waited on
-    /// its load first: a tick at 10,000 classes took 1.5-2.2 ms rather than 1.2-1.4).
-    /// Inlined: each search of an update then loads from its own instruction, and as the
-    /// histories lie one after the other in class order, the CPU's stride prefetcher has the
-    /// next class's sample on its way (4.5 ms rather than 2.0-2.8, `cargo xtask bench`).
-    #[expect(clippy::inline_always, reason = "one load instruction per search; measured above")]
+    /// The newest sample of the class's history (rows `first..`) at least `window` old.
+    /// The rows are in time order and about a tick apart: the search starts where the
+    /// spacing of the two newest puts the row and walks from there. It reads the rows' times
+    /// only, which every class shares: classes with the same window find the same row, and
+    /// the tick reads that row's samples in column order. Inlined: each search of an update
+    /// then loads from its own instruction, whose stride from one class to the next the CPU's
+    /// prefetcher learns.
+    #[expect(clippy::inline_always, reason = "one load instruction per search")]
     #[inline(always)]
-    fn window_start(&self, now: u64, window: u64) -> Option<(u64, Sample)> {
-        let old_enough = |i: usize| now.saturating_sub(self.samples[i].0) >= window;
-        let n = self.samples.len();
-        let spacing = match n {
-            0 => return None,
-            1 => 1,
-            _ => self.samples[n - 1].0.saturating_sub(self.samples[n - 2].0).max(1),
-        };
-        let back = usize::try_from(window.div_ceil(spacing)).unwrap_or(n).min(n);
+    fn window_start(h: &Histories, column: usize, first: usize, now: u64, window: u64) -> Option<(u64, Sample)> {
+        let times = &h.times;
+        let n = times.len();
+        let old_enough = |i: usize| now.saturating_sub(times[i]) >= window;
+        let spacing = if n - first >= 2 { times[n - 1].saturating_sub(times[n - 2]).max(1) } else { 1 };
+        let back = usize::try_from(window.div_ceil(spacing)).unwrap_or(n).min(n - first);
         let mut i = n - back;
         while i < n && old_enough(i) {
             i += 1;
         }
-        while i > 0 && !old_enough(i - 1) {
+        while i > first && !old_enough(i - 1) {
             i -= 1;
         }
-        i.checked_sub(1).and_then(|i| self.samples.get(i)).copied()
+        (i > first).then(|| h.get(i - 1, column))
     }
 }
 
@@ -423,7 +472,7 @@ fn queue_window(pacing: u64) -> u64 {
 /// How long `frames` full-size frames take at `bits_per_sec` (at least 1 bit/s), ns: the
 /// daemon's rates are in bits/s, the datapath's (`shaper_common::frames_ns`) in bytes/s.
 pub(crate) fn frames_ns(frames: u64, bits_per_sec: u64) -> u64 {
-    saturate(u128::from(frames * FRAME_BITS) * 1_000_000_000 / u128::from(bits_per_sec.max(1)))
+    mul_div(frames * FRAME_BITS, 1_000_000_000, bits_per_sec.max(1))
 }
 
 /// One host's fair share of a class's rate, as max-min fairness has it, for isolation inside
@@ -443,11 +492,21 @@ pub fn fair_share(rate: u64, limited: bool, light: u64, over: u64, near: u64, pr
 
 /// `value * (100 + percent) / 100`, saturating.
 fn percent_over(value: u64, percent: u64) -> u64 {
-    saturate(u128::from(value) * u128::from(100 + percent) / 100)
+    mul_div(value, 100 + percent, 100)
 }
 
-pub(crate) fn saturate(v: u128) -> u64 {
+fn saturate(v: u128) -> u64 {
     u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+/// `a * b / c`, saturating; 0 for `c` 0. In 64 bits while `a * b` fits: a 128-bit division
+/// is a call that costs as much as the rest of a class's estimate, done for every class
+/// every tick.
+pub(crate) fn mul_div(a: u64, b: u64, c: u64) -> u64 {
+    match a.checked_mul(b) {
+        Some(ab) => ab.checked_div(c).unwrap_or(0),
+        None => (u128::from(a) * u128::from(b)).checked_div(u128::from(c)).map_or(0, saturate),
+    }
 }
 
 /// Appends `sample`, taken at `now`, to a time series and forgets what is older than
@@ -466,11 +525,25 @@ mod tests {
     const MS: u64 = 1_000_000;
     const MBIT: u64 = 1_000_000;
 
+    /// One class's estimator, with histories of its own.
+    #[derive(Default)]
+    struct Solo {
+        histories: Histories,
+        estimator: Estimator,
+    }
+
+    impl Solo {
+        fn update(&mut self, o: &Observation) -> Estimate {
+            self.histories.start_row(o.now_ns, 1);
+            self.estimator.update(&mut self.histories, 0, o)
+        }
+    }
+
     /// Drives an estimator with a class that offers `offered` bits/s, in full frames, paced
     /// at `pacing`, for `ticks` ticks of 10 ms; `queued(tick)` says whether the class's clock
     /// stays ahead of now through the tick. Returns the last estimate.
     fn drive(
-        e: &mut Estimator,
+        e: &mut Solo,
         start: &mut (u64, Counters),
         offered: u64,
         pacing: u64,
@@ -500,7 +573,7 @@ mod tests {
 
     #[test]
     fn a_steady_stream_is_not_limited_and_wants_what_it_sends_plus_headroom() {
-        let mut e = Estimator::new();
+        let mut e = Solo::default();
         let mut s = (0, Counters::default());
         let r = drive(&mut e, &mut s, 2 * MBIT, 2_100_000, 100, false);
         assert!(!r.limited);
@@ -510,7 +583,7 @@ mod tests {
 
     #[test]
     fn a_queue_that_never_empties_makes_a_class_limited_and_its_demand_grows() {
-        let mut e = Estimator::new();
+        let mut e = Solo::default();
         let mut s = (0, Counters::default());
         drive(&mut e, &mut s, 300_000, 300_000, 10, false);
         // Queued, but not yet for a whole window (four frames at 0.3 mbit/s: 161 ms).
@@ -532,7 +605,7 @@ mod tests {
 
     #[test]
     fn a_deep_queue_counts_at_once() {
-        let mut e = Estimator::new();
+        let mut e = Solo::default();
         let c = Counters { offered_bytes: 1514, packets: 1, idle_packets: 1 };
         let r = e.update(&Observation { now_ns: MS, counters: c, backlog_ns: 200 * MS, pacing: 1_000_000 });
         assert!(r.limited);
@@ -542,7 +615,7 @@ mod tests {
 
     #[test]
     fn a_bunch_gets_what_drains_it_and_no_more() {
-        let mut e = Estimator::new();
+        let mut e = Solo::default();
         let mut s = (0, Counters::default());
         drive(&mut e, &mut s, 2 * MBIT, 2_048_000, 60, false);
         // The stream's packets came bunched: a queue for 60 ms, draining, while it still
@@ -567,7 +640,7 @@ mod tests {
 
     #[test]
     fn a_class_that_wakes_is_measured_from_when_it_was_quiet() {
-        let mut e = Estimator::new();
+        let mut e = Solo::default();
         let mut s = (0, Counters::default());
         drive(&mut e, &mut s, 0, 8 * MBIT, 40, false);
         // One packet (a ping): still quiet, and it wants about what 100 ms of it make.
@@ -582,7 +655,7 @@ mod tests {
 
     #[test]
     fn a_sender_that_stops_gives_its_share_back_after_two_ticks() {
-        let mut e = Estimator::new();
+        let mut e = Solo::default();
         let mut s = (0, Counters::default());
         assert!(drive(&mut e, &mut s, 4 * MBIT, 5 * MBIT, 100, false).demand >= 4 * MBIT);
         // It stops: one tick of silence is a pause, two are a stop.
@@ -593,7 +666,7 @@ mod tests {
 
     #[test]
     fn an_application_that_pauses_between_writes_keeps_its_share() {
-        let mut e = Estimator::new();
+        let mut e = Solo::default();
         let mut s = (0, Counters::default());
         // 16 KB every 50 ms (2.6 mbit/s): a tick with a write, four without.
         let mut demands = Vec::new();
@@ -609,7 +682,7 @@ mod tests {
 
     #[test]
     fn the_dead_band_keeps_a_steady_demand_steady() {
-        let mut e = Estimator::new();
+        let mut e = Solo::default();
         let mut s = (0, Counters::default());
         let before = drive(&mut e, &mut s, 2 * MBIT, 2_100_000, 60, false).demand;
         // The offered rate wobbles by 1 %: the demand stays.
@@ -618,6 +691,38 @@ mod tests {
         // It drops by half: the demand follows within the window.
         let later = drive(&mut e, &mut s, MBIT, before, 41, false);
         assert!((MBIT * 101 / 100..=MBIT * 104 / 100 + HEADROOM_FLOOR).contains(&later.demand), "{later:?}");
+    }
+
+    #[test]
+    fn classes_share_rows_and_one_missing_from_a_row_starts_its_history_over() {
+        let mut histories = Histories::new();
+        let (mut first, mut second) = (Estimator::new(), Estimator::new());
+        let mut counters = Counters::default();
+        for tick in 1..=100u64 {
+            let now = tick * 10 * MS;
+            counters.offered_bytes += 2 * MBIT / 8 / 100;
+            counters.packets += 2;
+            counters.idle_packets += 2;
+            let observation = Observation { now_ns: now, counters, backlog_ns: 0, pacing: 10 * MBIT };
+            histories.start_row(now, 2);
+            let ea = first.update(&mut histories, 0, &observation);
+            if tick > 40 {
+                assert_eq!(ea.offered, 2 * MBIT, "tick {tick}");
+            }
+            // The second is skipped at tick 90 (a failed tick): its column of that row holds
+            // nothing of it, and its history starts over from tick 91.
+            if tick == 90 {
+                continue;
+            }
+            let eb = second.update(&mut histories, 1, &observation);
+            match tick {
+                41..=89 | 92.. => assert_eq!(eb.offered, 2 * MBIT, "tick {tick}"),
+                91 => assert_eq!(eb.offered, 0, "a history of one row has no rate yet"),
+                _ => {}
+            }
+        }
+        // 400 ms of rows, and the one at the window's start.
+        assert_eq!(histories.times.len(), 41);
     }
 
     #[test]

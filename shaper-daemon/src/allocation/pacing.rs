@@ -45,7 +45,7 @@
 use std::collections::VecDeque;
 
 use super::{
-    demand::{saturate, FRAME_BITS},
+    demand::{mul_div, FRAME_BITS},
     tree::Tree,
 };
 
@@ -253,11 +253,7 @@ impl Settler {
         for &i in &leaves {
             let wanted = alloc[i].saturating_sub(holds[i]);
             if wanted > 0 {
-                let given = if growth <= free {
-                    wanted
-                } else {
-                    saturate(u128::from(wanted) * u128::from(free) / u128::from(growth))
-                };
+                let given = if growth <= free { wanted } else { mul_div(wanted, free, growth) };
                 out[i] = alloc[i].min(holds[i]) + given;
             }
         }

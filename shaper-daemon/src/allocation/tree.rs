@@ -23,6 +23,7 @@
 //! rounded down, and the remainders handed out one by one, so that the sum of the children's
 //! allocations is exactly what their parent could give.
 
+use super::demand::mul_div;
 use crate::config::{Class, Config};
 
 /// One node of a class tree: a class, or the interface at the root.
@@ -187,7 +188,10 @@ fn water_fill(group: &[usize], share: &mut [u64], wants: &[u64], weight: impl Fn
         let mut given = 0u64;
         let mut parts: Vec<u64> = open
             .iter()
-            .map(|&k| u64::try_from(u128::from(left) * u128::from(weight(k)) / total_weight).expect("at most left"))
+            .map(|&k| match u64::try_from(total_weight) {
+                Ok(total) => mul_div(left, weight(k), total),
+                Err(_) => u64::try_from(u128::from(left) * u128::from(weight(k)) / total_weight).expect("at most left"),
+            })
             .collect();
         // Hand out the rounding remainder one unit at a time, so nothing stays idle.
         let mut remainder = left - parts.iter().sum::<u64>();

@@ -40,6 +40,7 @@ use self::{
 };
 pub use self::{ids::rule_specs, ifb::IfbError};
 use crate::{
+    allocation::demand::Histories,
     api::{Server, SocketError},
     bpf::{BpfError, Datapath, PinLock},
     config::Config,
@@ -198,6 +199,7 @@ pub async fn run(
             generation: 0,
             options: options.clone(),
             last_tick_ns: monotonic_ns(),
+            histories: Histories::new(),
         }),
         metrics: Arc::new(Metrics::new()),
     });

@@ -20,7 +20,7 @@ use tracing::{debug, warn};
 use super::{Options, Shared};
 use crate::{
     allocation::{
-        demand::{self, Counters, Estimator, Observation},
+        demand::{self, Counters, Estimator, Histories, Observation},
         pacing::{self, Mode, Pacer},
         tree::Tree,
     },
@@ -143,6 +143,8 @@ pub(super) struct State {
     pub(super) options: Options,
     /// `CLOCK_MONOTONIC` time of the last control tick, ns.
     pub(super) last_tick_ns: u64,
+    /// The leaves' counter histories, a column for each class id.
+    pub(super) histories: Histories,
 }
 
 /// The datapath's settings of a leaf class paced at `rate`, whose hosts' fair share is
@@ -284,6 +286,8 @@ impl State {
     pub(super) fn control_tick(&mut self) -> Result<(), BpfError> {
         let mono = monotonic_ns();
         let elapsed = mono.saturating_sub(std::mem::replace(&mut self.last_tick_ns, mono));
+        let columns = self.classes.iter().map(|c| c.id as usize + 1).max().unwrap_or(0);
+        self.histories.start_row(mono, columns);
         for t in &mut self.trees {
             let mut leaves = vec![pacing::Leaf::default(); t.tree.nodes.len()];
             // Isolation, per node: (bits/s from light hosts, hosts over their share, hosts
@@ -298,19 +302,23 @@ impl State {
                 let stats = self.datapath.class_stats(entry.id)?;
                 let clock = self.datapath.class_state(entry.id)?.next_ns;
                 let backlog = clock.saturating_sub(mono);
-                let estimate = entry.estimator.update(&Observation {
-                    now_ns: mono,
-                    counters: Counters {
-                        offered_bytes: stats.bytes
-                            + stats.drop_horizon_bytes
-                            + stats.drop_aqm_bytes
-                            + stats.drop_share_bytes,
-                        packets: stats.packets,
-                        idle_packets: stats.idle_packets,
+                let estimate = entry.estimator.update(
+                    &mut self.histories,
+                    entry.id as usize,
+                    &Observation {
+                        now_ns: mono,
+                        counters: Counters {
+                            offered_bytes: stats.bytes
+                                + stats.drop_horizon_bytes
+                                + stats.drop_aqm_bytes
+                                + stats.drop_share_bytes,
+                            packets: stats.packets,
+                            idle_packets: stats.idle_packets,
+                        },
+                        backlog_ns: backlog,
+                        pacing: entry.pacing_rate.bits_per_sec(),
                     },
-                    backlog_ns: backlog,
-                    pacing: entry.pacing_rate.bits_per_sec(),
-                });
+                );
                 entry.throughput = Rate::from_bits_per_sec(estimate.offered);
                 entry.limited = estimate.limited;
                 entry.record_delays(mono, stats.delay_hist);
