@@ -31,9 +31,9 @@
 //!   their guarantee never wait.
 //!
 //!   A class is quiet when it is not limited and wants at most 1/[`QUIET_DIVISOR`] of its
-//!   wake rate. The wake rates cost one allocation each; they are refreshed round-robin
-//!   within [`WAKE_BUDGET`] node visits a tick (every tick for trees of up to a few hundred
-//!   classes).
+//!   wake rate. A wake rate costs a visit of each child of the class's ancestors
+//!   ([`Tree::allocate_one`]); they are refreshed round-robin within [`WAKE_BUDGET`] node
+//!   visits a tick (every tick for flat trees of up to a few hundred classes).
 //! - **What no class was allocated is lent** to the classes that would send more (limited
 //!   lately), by HTB's rules (prio, weight, every ceil), on top of their allocations: the
 //!   rates paced add up to the link at most, and what one class leaves idle another may send
@@ -114,8 +114,9 @@ impl Pacer {
         assert_eq!(leaves.len(), n, "one entry per node");
         let demand: Vec<u64> = leaves.iter().map(|l| l.demand).collect();
         let backlog: Vec<u64> = leaves.iter().map(|l| l.backlog_ns).collect();
-        let allocated = self.settler.settle(tree, &tree.allocate(&demand), &backlog, now_ns);
-        self.refresh_wake(tree, &demand, leaves);
+        let (allocation, wants) = tree.allocate_and_want(&demand);
+        let allocated = self.settler.settle(tree, &allocation, &backlog, now_ns);
+        self.refresh_wake(tree, &wants, leaves);
         let mut pacing = Self::lend(tree, &allocated, leaves, self.settler.committed);
         let mut mode = vec![Mode::Allocated; n];
         for i in (1..n).filter(|&i| tree.is_leaf(i)) {
@@ -163,18 +164,19 @@ impl Pacer {
         }
     }
 
-    /// Computes the wake rates of as many leaves as [`WAKE_BUDGET`] allows, round-robin
-    /// (limited leaves have no use for one and are skipped).
-    fn refresh_wake(&mut self, tree: &Tree, demand: &[u64], leaves: &[Leaf]) {
+    /// Computes the wake rates of as many leaves as [`WAKE_BUDGET`] node visits allow (one
+    /// at least), round-robin (limited leaves have no use for one and are skipped); `wants`
+    /// as [`Tree::allocate_and_want`] gives them for this tick's demands.
+    fn refresh_wake(&mut self, tree: &Tree, wants: &[u64], leaves: &[Leaf]) {
         let n = tree.nodes.len();
         if self.wake.len() != n {
             self.wake = vec![0; n];
             self.cursor = 0;
         }
-        let mut what_if = demand.to_vec();
-        let mut left = (WAKE_BUDGET / n.max(1)).max(1);
+        let parents = tree.parents();
+        let mut visits = 0;
         for _ in 0..n {
-            if left == 0 {
+            if visits >= WAKE_BUDGET {
                 break;
             }
             let i = self.cursor;
@@ -182,10 +184,9 @@ impl Pacer {
             if i == 0 || !tree.is_leaf(i) || leaves[i].limited {
                 continue;
             }
-            what_if[i] = u64::MAX;
-            self.wake[i] = tree.allocate(&what_if)[i];
-            what_if[i] = demand[i];
-            left -= 1;
+            let (wake, cost) = tree.allocate_one(i, wants, &parents);
+            self.wake[i] = wake;
+            visits += cost;
         }
     }
 }
@@ -217,7 +218,8 @@ impl Settler {
     /// every lowered class's queue, in proportion to how much each grows.
     pub fn settle(&mut self, tree: &Tree, alloc: &[u64], backlog_ns: &[u64], now_ns: u64) -> Vec<u64> {
         let n = alloc.len();
-        let leaves: Vec<usize> = (1..n).filter(|&i| tree.is_leaf(i)).collect();
+        let mut leaves = Vec::with_capacity(n);
+        leaves.extend((1..n).filter(|&i| tree.is_leaf(i)));
         if self.granted.len() != n {
             self.granted = alloc.to_vec();
             self.held = vec![VecDeque::new(); n];

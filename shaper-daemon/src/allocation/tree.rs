@@ -102,8 +102,74 @@ impl Tree {
     /// their children's), so that `alloc[0]` is what the link carries.
     #[must_use]
     pub fn allocate(&self, demand: &[u64]) -> Vec<u64> {
+        self.allocate_and_want(demand).0
+    }
+
+    /// [`Self::allocate`], and what each node wants (a leaf its demand, an inner node its
+    /// children's wants added up, each capped at its ceil): what [`Self::allocate_one`]
+    /// starts from.
+    #[must_use]
+    pub fn allocate_and_want(&self, demand: &[u64]) -> (Vec<u64>, Vec<u64>) {
         let rates: Vec<u64> = self.nodes.iter().map(|n| n.rate).collect();
-        self.allocate_with(demand, &rates, self.nodes[0].ceil.min(self.nodes[0].rate))
+        self.allocate_with(demand, &rates, self.link_cap())
+    }
+
+    /// What the root may give: the link's rate, or its ceil if lower.
+    fn link_cap(&self) -> u64 {
+        self.nodes[0].ceil.min(self.nodes[0].rate)
+    }
+
+    /// Each node's parent (the root's: itself).
+    #[must_use]
+    pub fn parents(&self) -> Vec<usize> {
+        let mut parents = vec![0; self.nodes.len()];
+        for (i, n) in self.nodes.iter().enumerate() {
+            for &c in &n.children {
+                parents[c] = i;
+            }
+        }
+        parents
+    }
+
+    /// What [`Self::allocate`] would give leaf `leaf` if it wanted all it can get and the
+    /// other leaves what they want in `wants` (from [`Self::allocate_and_want`]); `parents`
+    /// from [`Self::parents`]. Only the wants of the leaf's ancestors change, and only the
+    /// split of what each of them gets among its children decides what reaches the leaf: this
+    /// visits the children of the leaf's ancestors, not the whole tree. Returns that rate and
+    /// the node visits it took.
+    #[must_use]
+    pub fn allocate_one(&self, leaf: usize, wants: &[u64], parents: &[usize]) -> (u64, usize) {
+        let mut path = vec![leaf];
+        let mut at = leaf;
+        while at != 0 {
+            at = parents[at];
+            path.push(at);
+        }
+        path.reverse();
+        // The wants along the path, the leaf's first: all it can get, capped at each ceil.
+        let mut what_if = vec![0u64; path.len()];
+        what_if[path.len() - 1] = self.nodes[leaf].ceil;
+        let mut visits = 1;
+        for d in (0..path.len() - 1).rev() {
+            let n = &self.nodes[path[d]];
+            let raw = n
+                .children
+                .iter()
+                .map(|&c| if c == path[d + 1] { what_if[d + 1] } else { wants[c] })
+                .fold(0u64, u64::saturating_add);
+            what_if[d] = raw.min(n.ceil);
+            visits += n.children.len();
+        }
+        let mut amount = what_if[0].min(self.link_cap());
+        for d in 0..path.len() - 1 {
+            let n = &self.nodes[path[d]];
+            let child_wants: Vec<u64> =
+                n.children.iter().map(|&c| if c == path[d + 1] { what_if[d + 1] } else { wants[c] }).collect();
+            let split = self.split(path[d], amount, &child_wants, |c| self.nodes[c].rate);
+            amount = n.children.iter().position(|&c| c == path[d + 1]).map_or(0, |k| split[k]);
+            visits += n.children.len();
+        }
+        (amount, visits)
     }
 
     /// Allocates at most `cap` as [`Self::allocate`] does, but with `floor[i]` as leaf `i`'s
@@ -116,7 +182,7 @@ impl Tree {
         assert_eq!(floor.len(), self.nodes.len(), "one floor per node");
         let mut rates = vec![0u64; self.nodes.len()];
         self.sum_floors(0, floor, &mut rates);
-        self.allocate_with(demand, &rates, cap)
+        self.allocate_with(demand, &rates, cap).0
     }
 
     /// Sets `rates[i]` to node `i`'s floor (a leaf's own, an inner node's leaves' sum).
@@ -130,14 +196,15 @@ impl Tree {
         rates[i]
     }
 
-    /// [`Self::allocate`] with `rates` as the nodes' guarantees and `cap` for the root.
-    fn allocate_with(&self, demand: &[u64], rates: &[u64], cap: u64) -> Vec<u64> {
+    /// [`Self::allocate_and_want`] with `rates` as the nodes' guarantees and `cap` for the
+    /// root.
+    fn allocate_with(&self, demand: &[u64], rates: &[u64], cap: u64) -> (Vec<u64>, Vec<u64>) {
         assert_eq!(demand.len(), self.nodes.len(), "one demand per node");
         let mut alloc = vec![0u64; self.nodes.len()];
         let mut wants = vec![0u64; self.nodes.len()];
         let root = self.want(0, demand, &mut wants);
         self.give(0, root.min(cap), &wants, rates, &mut alloc);
-        alloc
+        (alloc, wants)
     }
 
     /// Gives node `i` exactly `amount` (at most what it wants, `all_wants[i]`) and divides it
@@ -149,8 +216,18 @@ impl Tree {
             return;
         }
         let wants: Vec<u64> = n.children.iter().map(|&c| all_wants[c]).collect();
+        let split = self.split(i, amount, &wants, |c| rates[c]);
+        for (k, &c) in n.children.iter().enumerate() {
+            self.give(c, split[k], all_wants, rates, alloc);
+        }
+    }
+
+    /// How node `i`'s `amount` divides among its children, the `k`-th wanting `wants[k]` and
+    /// guaranteed `rate(child)`: by HTB's rules.
+    fn split(&self, i: usize, amount: u64, wants: &[u64], rate: impl Fn(usize) -> u64) -> Vec<u64> {
+        let n = &self.nodes[i];
         // 1. Guarantees.
-        let mut split: Vec<u64> = n.children.iter().zip(&wants).map(|(&c, &w)| w.min(rates[c])).collect();
+        let mut split: Vec<u64> = n.children.iter().zip(wants).map(|(&c, &w)| w.min(rate(c))).collect();
         let mut left = amount.saturating_sub(split.iter().sum());
         // 2. Spare, by prio, then in proportion to weight, water-filling up to each want. The
         // children's prios as a set of bits, taken lowest first (sorting them was a tenth of
@@ -168,11 +245,9 @@ impl Tree {
                 break;
             }
             let group: Vec<usize> = (0..n.children.len()).filter(|&k| self.nodes[n.children[k]].prio == prio).collect();
-            left = water_fill(&group, &mut split, &wants, |k| self.nodes[n.children[k]].weight, left);
+            left = water_fill(&group, &mut split, wants, |k| self.nodes[n.children[k]].weight, left);
         }
-        for (k, &c) in n.children.iter().enumerate() {
-            self.give(c, split[k], all_wants, rates, alloc);
-        }
+        split
     }
 }
 
@@ -410,6 +485,19 @@ mod tests {
 
         /// Two greedy siblings at the same prio, nothing else: spare splits in proportion to
         /// weight; a lower prio is served before a higher one.
+        #[test]
+        fn one_leaf_wanting_all_it_can_get_is_given_what_a_whole_allocation_gives_it((t, demand) in arb_tree()) {
+            let (_, wants) = t.allocate_and_want(&demand);
+            let parents = t.parents();
+            for l in leaves(&t) {
+                let mut what_if = demand.clone();
+                what_if[l] = u64::MAX;
+                let (one, visits) = t.allocate_one(l, &wants, &parents);
+                prop_assert_eq!(one, t.allocate(&what_if)[l], "leaf {}", l);
+                prop_assert!(visits <= 1 + 2 * t.nodes.len());
+            }
+        }
+
         #[test]
         fn proportional_and_priority(w1 in 1u64..100, w2 in 1u64..100, r1 in 1u64..40, r2 in 1u64..40, p2 in 0u8..2) {
             let link = 100 * M;
