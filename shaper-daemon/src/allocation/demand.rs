@@ -349,7 +349,7 @@ impl Estimator {
             // application writing in bursts (16 KB every 50 ms at 2.5 mbit/s) is silent between
             // them, and is paced at its guarantee when it writes again; its share must stay
             // reserved, or the link carries it on top of what the others were given.
-            let silence = frames_ns(4, offered).clamp(SILENCE_NS, RATE_WINDOW_NS);
+            let silence = frames_ns_over(4, offered, SILENCE_NS).min(RATE_WINDOW_NS);
             let silent = if silence == SILENCE_NS {
                 at_silence
             } else {
@@ -460,13 +460,23 @@ fn deep_queue(window: u64) -> u64 {
 /// too: 100 ms, or 32 full frames at its pacing rate if longer (so that a packet more or
 /// less moves it by 3 % at most), within [`RATE_WINDOW_NS`].
 fn recent_window(pacing: u64) -> u64 {
-    frames_ns(32, pacing).clamp(100_000_000, RATE_WINDOW_NS)
+    frames_ns_over(32, pacing, 100_000_000).min(RATE_WINDOW_NS)
 }
 
 /// The window over which a class must have had a queue throughout to count as limited:
 /// [`QUEUE_WINDOW_NS`], or four full frames at its pacing rate if longer.
 fn queue_window(pacing: u64) -> u64 {
-    QUEUE_WINDOW_NS.max(frames_ns(4, pacing))
+    frames_ns_over(4, pacing, QUEUE_WINDOW_NS)
+}
+
+/// [`frames_ns`], or `floor` if longer; without a division at the rates at which the frames
+/// take no longer than `floor` (most classes: it is done for each class every tick).
+fn frames_ns_over(frames: u64, bits_per_sec: u64, floor: u64) -> u64 {
+    if bits_per_sec.saturating_mul(floor) >= frames * FRAME_BITS * 1_000_000_000 {
+        floor
+    } else {
+        frames_ns(frames, bits_per_sec).max(floor)
+    }
 }
 
 /// How long `frames` full-size frames take at `bits_per_sec` (at least 1 bit/s), ns: the
@@ -723,6 +733,15 @@ mod tests {
         }
         // 400 ms of rows, and the one at the window's start.
         assert_eq!(histories.times.len(), 41);
+    }
+
+    #[test]
+    fn frames_over_a_floor_are_the_frames_or_the_floor() {
+        for bits in [0, 1, 64_000, 968_000, 969_000, 969_919, 969_920, 969_921, MBIT, 10 * MBIT, u64::MAX] {
+            for floor in [QUEUE_WINDOW_NS, SILENCE_NS] {
+                assert_eq!(frames_ns_over(4, bits, floor), frames_ns(4, bits).max(floor), "{bits} bit/s over {floor}");
+            }
+        }
     }
 
     #[test]
