@@ -33,7 +33,8 @@
 //!   A class is quiet when it is not limited and wants at most 1/[`QUIET_DIVISOR`] of its
 //!   wake rate. A wake rate costs a visit of each child of the class's ancestors
 //!   ([`Tree::allocate_one`]); they are refreshed round-robin within [`WAKE_BUDGET`] node
-//!   visits a tick (every tick for flat trees of up to a few hundred classes).
+//!   visits a tick: every tick in a flat tree of up to 64 classes; at 1,024 classes, flat,
+//!   four a tick, each class's within 2.6 s (at the default 10 ms tick).
 //! - **What no class was allocated is lent** to the classes that would send more (limited
 //!   lately), by HTB's rules (prio, weight, every ceil), on top of their allocations: the
 //!   rates paced add up to the link at most, and what one class leaves idle another may send
