@@ -135,9 +135,9 @@ impl Histories {
     }
 
     /// Starts the row of the tick at `now`, with room for the columns below `width`: the
-    /// estimators updated at this tick observe their classes at `now`. Rows older than the
-    /// longest window are forgotten. (A second start at the same time, or an earlier one,
-    /// keeps the last row.)
+    /// estimators updated at this tick observe their classes at `now`, which is never earlier
+    /// than the last row's (a second start at the same time keeps that row). Rows older than
+    /// the longest window are forgotten.
     pub fn start_row(&mut self, now: u64, width: usize) {
         if self.times.back().is_none_or(|&last| now > last) {
             let row = self.spare.pop().unwrap_or_default();
@@ -200,9 +200,10 @@ impl Default for Estimator {
 }
 
 /// What an estimator keeps of an observation, in 24 bytes (32 in full): at 10,000 classes
-/// the histories do not fit in the caches, and a tick waits on the memory they take. The packet counters are kept in their low 32 bits (the estimator only asks
-/// whether they moved within its window, and 2^32 packets do not pass in one), the backlog
-/// in microseconds (up to 71 minutes).
+/// the histories do not fit in the caches, and a tick waits on the memory they take. The
+/// packet counters are kept in their low 32 bits (the estimator only asks whether they moved
+/// within its window, and 2^32 packets do not pass in one), the backlog in microseconds (up
+/// to 71 minutes).
 #[derive(Debug, Clone, Copy, Default)]
 struct Sample {
     offered_bytes: u64,

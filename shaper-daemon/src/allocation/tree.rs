@@ -482,8 +482,8 @@ mod tests {
             }
         }
 
-        /// Two greedy siblings at the same prio, nothing else: spare splits in proportion to
-        /// weight; a lower prio is served before a higher one.
+        /// A leaf's allocation computed along its path, as if it wanted all it can get, is
+        /// what a whole allocation with that want gives it.
         #[test]
         fn one_leaf_wanting_all_it_can_get_is_given_what_a_whole_allocation_gives_it((t, demand) in arb_tree()) {
             let (_, wants) = t.allocate_and_want(&demand);
@@ -497,6 +497,8 @@ mod tests {
             }
         }
 
+        /// Two greedy siblings at the same prio, nothing else: spare splits in proportion to
+        /// weight; a lower prio is served before a higher one.
         #[test]
         fn proportional_and_priority(w1 in 1u64..100, w2 in 1u64..100, r1 in 1u64..40, r2 in 1u64..40, p2 in 0u8..2) {
             let link = 100 * M;
