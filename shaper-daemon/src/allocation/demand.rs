@@ -119,11 +119,9 @@ pub struct Estimate {
 /// 1.5-2.8 ms a tick rather than 1.05-1.3, old and new builds alternated on one machine).
 #[derive(Debug, Default)]
 pub struct Histories {
-    /// The rows' times, oldest first, covering [`RATE_WINDOW_NS`]: the oldest is at or before
-    /// its start.
-    times: VecDeque<u64>,
-    /// The rows, as `times`.
-    rows: VecDeque<Vec<Sample>>,
+    /// The rows with their times, oldest first, covering [`RATE_WINDOW_NS`]: the oldest is at
+    /// or before its start.
+    rows: VecDeque<(u64, Vec<Sample>)>,
     /// Rows forgotten, kept for the next ones.
     spare: Vec<Vec<Sample>>,
 }
@@ -139,25 +137,25 @@ impl Histories {
     /// than the last row's (a second start at the same time keeps that row). Rows older than
     /// the longest window are forgotten.
     pub fn start_row(&mut self, now: u64, width: usize) {
-        if self.times.back().is_none_or(|&last| now > last) {
+        if self.rows.back().is_none_or(|&(last, _)| now > last) {
             let row = self.spare.pop().unwrap_or_default();
-            self.times.push_back(now);
-            self.rows.push_back(row);
-            while self.times.len() > 2 && self.times.get(1).is_some_and(|&t| now.saturating_sub(t) >= RATE_WINDOW_NS) {
-                self.times.pop_front();
-                self.spare.extend(self.rows.pop_front());
-            }
+            slide_with(&mut self.rows, now, row, RATE_WINDOW_NS, |row| self.spare.push(row));
         }
         // What a row held before it was reused is never read: each estimator knows which rows
         // hold its class's samples.
-        if let Some(row) = self.rows.back_mut().filter(|row| row.len() < width) {
+        if let Some((_, row)) = self.rows.back_mut().filter(|(_, row)| row.len() < width) {
             row.resize(width, Sample::default());
         }
     }
 
+    /// The time of row `i`.
+    fn time(&self, i: usize) -> u64 {
+        self.rows[i].0
+    }
+
     /// The time of row `i` and the sample of `column` in it.
     fn get(&self, i: usize, column: usize) -> (u64, Sample) {
-        (self.times[i], self.rows[i][column])
+        (self.rows[i].0, self.rows[i].1[column])
     }
 }
 
@@ -269,10 +267,10 @@ impl Estimator {
     /// Records an observation in `column` of the row [`Histories::start_row`] started last,
     /// at `o.now_ns`, and returns the class's demand.
     pub fn update(&mut self, h: &mut Histories, column: usize, o: &Observation) -> Estimate {
-        let n = h.times.len();
-        assert!(n > 0 && h.times[n - 1] == o.now_ns, "an observation at the time of the row started last");
+        let n = h.rows.len();
+        assert!(n > 0 && h.time(n - 1) == o.now_ns, "an observation at the time of the row started last");
         if self.last_ns != Some(o.now_ns) {
-            let previous = n.checked_sub(2).map(|i| h.times[i]);
+            let previous = n.checked_sub(2).map(|i| h.time(i));
             self.rows = if self.last_ns.is_some() && self.last_ns == previous { (self.rows + 1).min(n) } else { 1 };
             self.last_ns = Some(o.now_ns);
         }
@@ -280,7 +278,7 @@ impl Estimator {
         let first = n - self.rows;
         self.note_pause(h, column, first, o);
         let sample = Sample::of(o);
-        h.rows[n - 1][column] = sample;
+        h.rows[n - 1].1[column] = sample;
         let offered = Self::rate_since(h.get(first, column), o);
         let window = queue_window(o.pacing);
         // The starts of the queue window and of the silence window (whether the class is
@@ -386,7 +384,7 @@ impl Estimator {
     /// Records the pause that ends at this observation, if the class offered more than at
     /// the last one.
     fn note_pause(&mut self, h: &Histories, column: usize, first: usize, o: &Observation) {
-        let previous = (h.times.len() - 1).checked_sub(1).filter(|&i| i >= first);
+        let previous = (h.rows.len() - 1).checked_sub(1).filter(|&i| i >= first);
         let sent = previous.is_none_or(|i| o.counters.offered_bytes > h.get(i, column).1.offered_bytes);
         if !sent {
             return;
@@ -435,10 +433,9 @@ impl Estimator {
     #[expect(clippy::inline_always, reason = "one load instruction per search")]
     #[inline(always)]
     fn window_start(h: &Histories, column: usize, first: usize, now: u64, window: u64) -> Option<(u64, Sample)> {
-        let times = &h.times;
-        let n = times.len();
-        let old_enough = |i: usize| now.saturating_sub(times[i]) >= window;
-        let spacing = if n - first >= 2 { times[n - 1].saturating_sub(times[n - 2]).max(1) } else { 1 };
+        let n = h.rows.len();
+        let old_enough = |i: usize| now.saturating_sub(h.time(i)) >= window;
+        let spacing = if n - first >= 2 { h.time(n - 1).saturating_sub(h.time(n - 2)).max(1) } else { 1 };
         let back = usize::try_from(window.div_ceil(spacing)).unwrap_or(n).min(n - first);
         let mut i = n - back;
         while i < n && old_enough(i) {
@@ -523,9 +520,16 @@ pub(crate) fn mul_div(a: u64, b: u64, c: u64) -> u64 {
 /// Appends `sample`, taken at `now`, to a time series and forgets what is older than
 /// `window`, keeping the newest sample at or before the window's start: it marks the start.
 pub fn slide<T>(samples: &mut VecDeque<(u64, T)>, now: u64, sample: T, window: u64) {
+    slide_with(samples, now, sample, window, drop);
+}
+
+/// [`slide`], handing each sample it forgets to `forgotten`.
+fn slide_with<T>(samples: &mut VecDeque<(u64, T)>, now: u64, sample: T, window: u64, mut forgotten: impl FnMut(T)) {
     samples.push_back((now, sample));
     while samples.len() > 2 && samples.get(1).is_some_and(|s| now.saturating_sub(s.0) >= window) {
-        samples.pop_front();
+        if let Some((_, old)) = samples.pop_front() {
+            forgotten(old);
+        }
     }
 }
 
@@ -733,7 +737,7 @@ mod tests {
             }
         }
         // 400 ms of rows, and the one at the window's start.
-        assert_eq!(histories.times.len(), 41);
+        assert_eq!(histories.rows.len(), 41);
     }
 
     #[test]

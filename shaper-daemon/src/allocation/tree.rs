@@ -149,21 +149,18 @@ impl Tree {
         // The wants along the path, the leaf's first: all it can get, capped at each ceil.
         let mut what_if = vec![0u64; path.len()];
         what_if[path.len() - 1] = self.nodes[leaf].ceil;
+        // What child `c` of the path's node at depth `d` wants.
+        let want = |what_if: &[u64], d: usize, c: usize| if c == path[d + 1] { what_if[d + 1] } else { wants[c] };
         let mut visits = 1;
         for d in (0..path.len() - 1).rev() {
             let n = &self.nodes[path[d]];
-            let raw = n
-                .children
-                .iter()
-                .map(|&c| if c == path[d + 1] { what_if[d + 1] } else { wants[c] })
-                .fold(0u64, u64::saturating_add);
+            let raw = n.children.iter().map(|&c| want(&what_if, d, c)).fold(0u64, u64::saturating_add);
             what_if[d] = raw.min(n.ceil);
         }
         let mut amount = what_if[0].min(self.link_cap());
         for d in 0..path.len() - 1 {
             let n = &self.nodes[path[d]];
-            let child_wants: Vec<u64> =
-                n.children.iter().map(|&c| if c == path[d + 1] { what_if[d + 1] } else { wants[c] }).collect();
+            let child_wants: Vec<u64> = n.children.iter().map(|&c| want(&what_if, d, c)).collect();
             let split = self.split(path[d], amount, &child_wants, |c| self.nodes[c].rate);
             amount = n.children.iter().position(|&c| c == path[d + 1]).map_or(0, |k| split[k]);
             visits += n.children.len();
