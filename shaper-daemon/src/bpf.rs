@@ -27,9 +27,9 @@ use nix::{
     sys::statfs::{statfs, FsType, BPF_FS_MAGIC},
 };
 use shaper_common::{
-    maps, ClassConfig, ClassState, ClassStats, Globals, IfaceConfig, Origin, RuleKey, RuleTarget, Tuple, FILTER_WORDS,
-    IFB_PROGRAM_NAME, INGRESS_PROGRAM_NAME, MAP_LAYOUT_VERSION, MAX_CLASSES, MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS,
-    PROGRAM_NAME, RULES_PER_PACKET,
+    flow_cache_expires, maps, ClassConfig, ClassState, ClassStats, FlowEntry, Globals, IfaceConfig, Origin, RuleKey,
+    RuleTarget, Tuple, FILTER_WORDS, FLOW_SLOTS, IFB_PROGRAM_NAME, INGRESS_PROGRAM_NAME, MAP_LAYOUT_VERSION,
+    MAX_CLASSES, MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS, PROGRAM_NAME, RULES_PER_PACKET,
 };
 
 use crate::rules::{self, Compiled};
@@ -254,6 +254,7 @@ pub struct Datapath {
     class_config: Array<MapData, ClassConfig>,
     class_state: Array<MapData, ClassState>,
     class_stats: PerCpuArray<MapData, ClassStats>,
+    flows: Array<MapData, FlowEntry>,
     links: Vec<Attached>,
     /// Where the maps (and TCX links) are pinned, if they are.
     pin_dir: Option<PathBuf>,
@@ -380,6 +381,7 @@ impl Datapath {
             class_config: take(&mut ebpf, maps::CLASS_CONFIG)?,
             class_state: take(&mut ebpf, maps::CLASS_STATE)?,
             class_stats: take(&mut ebpf, maps::CLASS_STATS)?,
+            flows: take(&mut ebpf, maps::FLOWS)?,
             ebpf,
             links: Vec::new(),
             pin_dir,
@@ -864,10 +866,11 @@ impl Datapath {
         let port_base = bank * PORT_SLOTS;
         let mut ports = Vec::new();
         // `ports` records the slots any of the three tables (ports, lengths) uses.
-        for (port, ((&s, &d), &l)) in
-            compiled.sport_ids.iter().zip(&compiled.dport_ids).zip(&compiled.len_ids).enumerate()
-        {
-            let port = u32::try_from(port).expect("65536 ports");
+        let ids = compiled.sport_ids.iter().zip(&compiled.dport_ids).zip(&compiled.len_ids);
+        for (port, ((&s, &d), &l)) in (0..PORT_SLOTS).zip(ids) {
+            if s | d | l == 0 {
+                continue;
+            }
             if s != 0 {
                 self.sport_ids.set(port_base + port, s, 0).map_err(map_err(maps::SPORT_IDS, format!("port {port}")))?;
             }
@@ -877,9 +880,7 @@ impl Datapath {
             if l != 0 {
                 self.len_ids.set(port_base + port, l, 0).map_err(map_err(maps::LEN_IDS, format!("length {port}")))?;
             }
-            if s != 0 || d != 0 || l != 0 {
-                ports.push(port);
-            }
+            ports.push(port);
         }
         let tuple_base = u16::try_from(bank * MAX_TUPLES).expect("small");
         let mut keys = Vec::with_capacity(compiled.entries.len());
@@ -923,11 +924,32 @@ impl Datapath {
     }
 
     /// Makes `rules` the active rule bank, in a new generation (the flow cache's answers of
-    /// every other one are stale), and in the epoch the datapath is in.
+    /// every other one are stale), and in the epoch the datapath is in. The flow cache is
+    /// emptied first when the generation's low 16 bits, which its entries keep, come round
+    /// to 0 (once in 65,536 switches): no entry is then as old as the generations it could
+    /// pass for.
     fn switch_rules(&mut self, rules: Globals, doing: &'static str) -> Result<(), BpfError> {
         let old = self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the rules' generation"))?;
         let globals = Globals { generation: old.generation.wrapping_add(1), epoch: old.epoch, ..rules };
+        if flow_cache_expires(globals.generation) {
+            self.empty_flow_cache()?;
+        }
         self.globals.set(0, globals, 0).map_err(map_err(maps::GLOBALS, doing))
+    }
+
+    /// Empties the flow cache: every slot's word 0.
+    fn empty_flow_cache(&mut self) -> Result<(), BpfError> {
+        for slot in 0..FLOW_SLOTS {
+            self.flows
+                .set(slot, FlowEntry::default(), 0)
+                .map_err(map_err(maps::FLOWS, format!("emptying slot {slot} of the flow cache")))?;
+        }
+        Ok(())
+    }
+
+    /// The flow cache's slot `slot` (tests).
+    pub fn flow_entry(&self, slot: u32) -> Result<FlowEntry, BpfError> {
+        self.flows.get(&slot, 0).map_err(map_err(maps::FLOWS, format!("reading slot {slot}")))
     }
 
     /// Starts a new epoch: the datapath counts each host of a class once per epoch

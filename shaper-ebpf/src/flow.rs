@@ -1,26 +1,31 @@
-//! The flow cache: sets of two array slots (`FLOWS`), the set picked by the flow's hash and
-//! found without a hash-map lookup, each slot holding what each packet of a flow needs: the
-//! rules' answer for it (so that a flow is classified by the rules once, not on every packet)
-//! and its latest departure (sparse-flow priority). A flow that finds neither slot of its set
-//! its own takes over the one whose flow left longest ago.
+//! The flow cache: sets of four array slots (`FLOWS`, a set 64 bytes), the set picked
+//! by the flow's hash and found without a hash-map lookup, each slot holding what each packet
+//! of a flow needs: the rules' answer for it (so that a flow is classified by the rules once,
+//! not on every packet) and its latest departure (sparse-flow priority). A flow that finds no
+//! slot of its set its own takes over the one whose flow left longest ago.
 //!
-//! Two ways rather than one slot a hash: on the bench's many-flow mix (`cargo xtask bench`,
-//! 131,072 flows) the cache missed 7.3 % of the packets rather than 19.6 % (with one slot a
-//! hash, which also left every other slot unused: the hash's lowest bit is always set). The
-//! verifier's walk on 6.1 grew from 438k instructions to 554k: a hit in either way leaves
-//! the same state behind (its meta and time are read from the map), and the way is found
-//! again when the entry is written, at the end of the program.
+//! Sets rather than one slot a hash: on the bench's many-flow mix (`cargo xtask bench`,
+//! 131,072 flows) the cache missed 19.6 % of the packets with one slot a hash (which also
+//! left every other slot unused: the hash's lowest bit is always set), 7.3 % with two and
+//! 4.4 % with four. A hit in any way leaves the same state behind (its word and time are read
+//! from the map), and the way is found again when the entry is written, at the end of the
+//! program, so the verifier walks what follows once.
+//!
+//! A slot takes 16 bytes: 1 MB in all. With 32-byte slots (2 MB) a packet of the mix cost
+//! 380 ns, and 340 with half as many slots, which missed more flows; with 16-byte slots,
+//! 339 ns at two ways and 318-327 at four (one run each, 10,000 host rules).
 
 use aya_ebpf::{macros::map, maps::Array};
 use shaper_common::{
-    flow_hash, FlowEntry, Globals, RuleKey, FLOW_SETS, FLOW_SLOTS, FLOW_WAYS, RULES_PER_PACKET, RULE_KEY_WORDS,
+    flow_hash, flow_tag, FlowEntry, Globals, RuleKey, FLOW_SETS, FLOW_SLOTS, FLOW_WAYS, RULES_PER_PACKET,
+    RULE_KEY_WORDS,
 };
 
 #[map]
 static FLOWS: Array<FlowEntry> = Array::with_max_entries(FLOW_SLOTS, 0);
 
-/// [`Flow`]'s answers when the cache does not hold the flow. No `meta` is this value: it
-/// would need a class and a generation of `u32::MAX` both.
+/// [`Flow::class`]'s answer when the cache does not hold the flow's class (no class id or
+/// `NO_RULE` is this value).
 pub const NOT_HELD: u64 = u64::MAX;
 
 /// A packet's flow, and what the cache held of it.
@@ -31,9 +36,8 @@ pub struct Flow {
     set: u32,
     /// The flow's hash.
     pub tag: u64,
-    /// The entry's `meta`, if the entry holds this flow; else [`NOT_HELD`]. A plain value
-    /// rather than an `Option`: the verifier walks what follows once for both (see
-    /// `classify::flow_class`).
+    /// The entry's `word`, if the entry holds this flow; else 0. A plain value rather than
+    /// an `Option`: the verifier walks what follows once for both (see `classify::flow_class`).
     cached: u64,
     last_ns: u64,
     /// The rules' generation of the packet's classification (`Globals::generation`).
@@ -51,11 +55,11 @@ impl Flow {
         let tag = flow_hash(words, sport, dport);
         // The hash's lowest bit is always set (see flow_hash): the set from the bits above.
         let slot = ((tag >> 1) as u32 & (FLOW_SETS - 1)) * FLOW_WAYS;
-        let (mut cached, mut last_ns) = (NOT_HELD, 0);
+        let (mut cached, mut last_ns) = (0, 0);
         for way in 0..FLOW_WAYS {
-            let Some((t, meta, check, last)) = read(slot + way) else { break };
-            if t == tag && check == t ^ meta {
-                cached = meta;
+            let Some((word, last)) = read(slot + way) else { break };
+            if (word >> 32) as u32 == flow_tag(tag) {
+                cached = word;
                 last_ns = last;
                 break;
             }
@@ -66,7 +70,7 @@ impl Flow {
     /// A packet that was not parsed: no flow.
     #[inline(always)]
     pub const fn none() -> Self {
-        Self { set: u32::MAX, tag: 0, cached: NOT_HELD, last_ns: 0, generation: 0 }
+        Self { set: u32::MAX, tag: 0, cached: 0, last_ns: 0, generation: 0 }
     }
 
     /// The class of the first rule that matches the flow (`NO_RULE`: none), as the cache
@@ -74,9 +78,9 @@ impl Flow {
     /// fields that differ between packets.
     #[inline(always)]
     pub fn class(&self, set: Globals) -> u64 {
-        let meta = self.cached;
-        if meta != NOT_HELD && set.flags & RULES_PER_PACKET == 0 && (meta >> 32) as u32 == set.generation {
-            meta & 0xffff_ffff
+        let word = self.cached;
+        if word != 0 && set.flags & RULES_PER_PACKET == 0 && FlowEntry::of_generation(word, set.generation) {
+            u64::from(FlowEntry::class(word))
         } else {
             NOT_HELD
         }
@@ -86,7 +90,7 @@ impl Flow {
     /// go to class `rule_class` (the rules' answer for this packet).
     #[inline(always)]
     pub fn last(&self, rule_class: u32) -> u64 {
-        if self.cached != NOT_HELD && self.cached as u32 == rule_class {
+        if self.cached != 0 && FlowEntry::class(self.cached) == rule_class {
             self.last_ns
         } else {
             0
@@ -102,12 +106,7 @@ impl Flow {
     /// Whether the cache held this flow with this answer of the active rules.
     #[inline(always)]
     pub fn hit(&self, rule_class: u32) -> bool {
-        self.cached == Self::meta(rule_class, self.generation)
-    }
-
-    #[inline(always)]
-    const fn meta(rule_class: u32, generation: u32) -> u64 {
-        ((generation as u64) << 32) | rule_class as u64
+        self.cached == FlowEntry::word(self.tag, self.generation, rule_class)
     }
 
     /// Records the departure of the flow's packet, whose class the rules gave as
@@ -119,46 +118,42 @@ impl Flow {
         if self.set >= FLOW_SLOTS {
             return;
         }
-        let (Some(first), Some(second)) = (read(self.set), read(self.set + 1)) else { return };
-        let way = if first.0 == self.tag {
-            0
-        } else if second.0 == self.tag || second.3 < first.3 {
-            1
-        } else {
-            0
-        };
+        let tag = flow_tag(self.tag);
+        let (mut way, mut oldest) = (0, u64::MAX);
+        for i in 0..FLOW_WAYS {
+            let Some((word, last)) = read(self.set + i) else { return };
+            if (word >> 32) as u32 == tag {
+                way = i;
+                break;
+            }
+            if last < oldest {
+                (way, oldest) = (i, last);
+            }
+        }
         let Some(e) = FLOWS.get_ptr_mut(self.set + way) else { return };
-        let meta = Self::meta(rule_class, self.generation);
         // SAFETY: a pointer into an array map value, which lives as long as the map.
         unsafe {
             if !self.hit(rule_class) {
-                // The check last: a reader that sees the new tag and meta before it treats
-                // the entry as a miss.
-                core::ptr::write_volatile(core::ptr::addr_of_mut!((*e).tag), self.tag);
-                core::ptr::write_volatile(core::ptr::addr_of_mut!((*e).meta), meta);
-                core::ptr::write_volatile(core::ptr::addr_of_mut!((*e).check), self.tag ^ meta);
+                let word = FlowEntry::word(self.tag, self.generation, rule_class);
+                core::ptr::write_volatile(core::ptr::addr_of_mut!((*e).word), word);
             }
             core::ptr::write_volatile(core::ptr::addr_of_mut!((*e).last_ns), depart);
         }
     }
 }
 
-/// Slot `slot` of `FLOWS`: its tag, meta, check and last departure, each read once (other
-/// CPUs may write it meanwhile).
+/// Slot `slot` of `FLOWS`: its word and last departure, each read once (other CPUs may write
+/// it meanwhile).
 #[inline(always)]
-fn read(slot: u32) -> Option<(u64, u64, u64, u64)> {
+fn read(slot: u32) -> Option<(u64, u64)> {
     let e = FLOWS.get_ptr_mut(slot)?;
     // SAFETY: a pointer into an array map value, which lives as long as the map; volatile
     // reads.
     Some(unsafe {
         (
-            core::ptr::read_volatile(core::ptr::addr_of!((*e).tag)),
-            core::ptr::read_volatile(core::ptr::addr_of!((*e).meta)),
-            core::ptr::read_volatile(core::ptr::addr_of!((*e).check)),
+            core::ptr::read_volatile(core::ptr::addr_of!((*e).word)),
             core::ptr::read_volatile(core::ptr::addr_of!((*e).last_ns)),
         )
     })
 }
 
-// `Flow::record` reads the two slots of a set.
-const _: () = assert!(FLOW_WAYS == 2);

@@ -12,7 +12,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use shaper::{bpf::Datapath, rules::RuleSpec};
 use shaper_common::{
-    ClassConfig, IfaceConfig, CLASS_BORROWING, CLASS_QUIET, IFACE_ENABLED, ISOLATE_HOST, LINKLAYER_ATM,
+    ClassConfig, IfaceConfig, CLASS_BORROWING, CLASS_QUIET, FLOW_SLOTS, IFACE_ENABLED, ISOLATE_HOST, LINKLAYER_ATM,
     LINKLAYER_ETHERNET, LINKLAYER_PTM,
 };
 use shaper_tests::{ipv4, ipv6, loopback_datapath, monotonic_ns, run, Frame, SkbCtx, L4, LO, TC_ACT_OK, TC_ACT_SHOT};
@@ -354,6 +354,31 @@ fn replacing_the_rules_leaves_nothing_of_the_old_ones() {
     assert_eq!([class_of(&dp, &p1, ctx), class_of(&dp, &p2, ctx), class_of(&dp, &p3, ctx)], [DEFAULT, 4, DEFAULT]);
     dp.load_rules(&shaper::rules::compile(&a).unwrap()).unwrap();
     assert_eq!([class_of(&dp, &p1, ctx), class_of(&dp, &p2, ctx), class_of(&dp, &p3, ctx)], [1, 2, 2]);
+}
+
+/// The flow cache keeps 16 bits of the rules' generation with a flow's class: a flow not seen
+/// for 65,536 rule changes must not come back to the class its entry held (shaperd empties
+/// the cache as those 16 bits come round).
+#[test]
+fn a_cached_class_does_not_outlive_65536_rule_changes() {
+    let host = |class| RuleSpec { src: Some("10.0.0.1/32".parse().unwrap()), ..RuleSpec::new(0, class) };
+    let (a, b) = (shaper::rules::compile(&[host(1)]).unwrap(), shaper::rules::compile(&[host(2)]).unwrap());
+    let mut dp = datapath(&[host(1)]);
+    // Paced: the cache keeps the flows of paced classes.
+    for class in [1, 2] {
+        dp.set_class(class, ClassConfig { rate_bytes: 1_000_000, horizon_ns: 10 * SECOND, ..ClassConfig::default() })
+            .unwrap();
+    }
+    let ctx = SkbCtx::default();
+    let p = v4([10, 0, 0, 1], [1, 1, 1, 1], TCP);
+    assert_eq!(class_of(&dp, &p, ctx), 1);
+    let held = (0..FLOW_SLOTS).filter(|&s| dp.flow_entry(s).unwrap().word != 0).count();
+    assert_eq!(held, 1, "the flow's entry");
+    // 65,536 switches: the last one (to `b`) has the generation's low 16 bits of the entry.
+    for i in 1..=65_536u32 {
+        dp.load_rules(if i % 2 == 0 { &b } else { &a }).unwrap();
+    }
+    assert_eq!(class_of(&dp, &p, ctx), 2);
 }
 
 #[test]
@@ -884,7 +909,8 @@ fn a_delay_past_half_the_horizon_starts_the_signals_at_once() {
 /// 6.18 (two ways in the flow cache took 6.1 to 914,409, and were left out). With the rule
 /// filter and two ways after all: 554,487 on 6.1; with CoDel's overload entry (in a frame of
 /// its own: inlined, 604,529), 579,599, and 588,486 once it asks whether the class signalled
-/// lately.
+/// lately. With the flow cache's slots in one word and a time, sets of four: 428,159 on 6.1,
+/// 323,498 on 6.18.
 #[test]
 fn the_verifier_walk_keeps_two_fifths_of_its_budget() {
     let dp = Datapath::load().unwrap();
