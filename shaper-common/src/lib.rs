@@ -58,6 +58,8 @@ pub struct FlowEntry {
     pub last_ns: u64,
 }
 
+#[expect(clippy::inline_always, reason = "called per packet in the tc program, which has no calls to spare")]
+#[expect(clippy::cast_possible_truncation, reason = "a word keeps 16 bits of a class and of a generation")]
 impl FlowEntry {
     /// The word of the flow whose [`flow_hash`] is `hash` (its [`flow_tag`] in the high 32
     /// bits), classified into `rule_class` ([`NO_RULE`] or a class id, kept as its low 16
@@ -91,6 +93,7 @@ impl FlowEntry {
 
 /// The tag a flow's entry in `FLOWS` carries: the high 32 bits of its hash (the set is picked
 /// by low ones), never 0.
+#[expect(clippy::inline_always, reason = "called per packet in the tc program, which has no calls to spare")]
 #[inline(always)]
 #[must_use]
 pub const fn flow_tag(hash: u64) -> u32 {
@@ -100,6 +103,7 @@ pub const fn flow_tag(hash: u64) -> u32 {
 /// Whether the flow cache must be emptied before the rules of `generation` become active: a
 /// cache entry keeps 16 bits of its generation, so one left from 65,536 generations before
 /// would pass for the new rules' answer.
+#[expect(clippy::cast_possible_truncation, reason = "the low 16 bits")]
 #[must_use]
 pub const fn flow_cache_expires(generation: u32) -> bool {
     generation as u16 == 0
@@ -210,6 +214,7 @@ pub const MAP_LAYOUT_VERSION: u32 = 9;
 /// Map names, as they appear in the object file.
 pub mod maps {
     pub const IFACES: &str = "IFACES";
+    pub const IFACE_SLOTS: &str = "IFACE_SLOTS";
     pub const TUPLES: &str = "TUPLES";
     pub const RULES: &str = "RULES";
     pub const SPORT_IDS: &str = "SPORT_IDS";
@@ -227,8 +232,9 @@ pub mod maps {
     pub const IFB_TARGETS: &str = "IFB_TARGETS";
     pub const RULE_FILTER: &str = "RULE_FILTER";
     /// Every map, for pinning.
-    pub const ALL: [&str; 17] = [
+    pub const ALL: [&str; 18] = [
         IFACES,
+        IFACE_SLOTS,
         TUPLES,
         RULES,
         SPORT_IDS,
@@ -275,7 +281,24 @@ pub const ISOLATE_HOST: u32 = 1;
 /// `ClassConfig::isolation`: the class's rate is shared fairly between its flows.
 pub const ISOLATE_FLOW: u32 = 2;
 
-/// Per-interface settings, keyed by ifindex in `IFACES`.
+/// Slots of `IFACE_SLOTS` (a power of two).
+pub const IFACE_SLOTS: u32 = 64;
+
+/// Value of `IFACE_SLOTS`, an array the datapath reads an interface's settings from before it
+/// looks in `IFACES` (a hash map: hashing the key and walking a bucket took about 8 % of a
+/// packet's cost on the many-flow mix of `cargo xtask bench`). Interface `ifindex` may hold
+/// slot `ifindex % IFACE_SLOTS`; one whose slot another holds is found in `IFACES`. shaperd
+/// keeps each slot a copy of the `IFACES` entry of the interface that holds it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IfaceSlot {
+    /// The interface that holds the slot; 0 (no interface's index): none.
+    pub ifindex: u32,
+    pub _pad: u32,
+    pub config: IfaceConfig,
+}
+
+/// Per-interface settings, keyed by ifindex in `IFACES` (and copied into `IFACE_SLOTS`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IfaceConfig {
@@ -771,10 +794,12 @@ impl ClassStats {
 }
 
 const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 32);
+const _: () = assert!(core::mem::size_of::<IfaceSlot>() == 40);
+const _: () = assert!(IFACE_SLOTS.is_power_of_two());
 const _: () = assert!(core::mem::size_of::<Globals>() == 24);
 const _: () = assert!(core::mem::size_of::<FlowEntry>() == 16);
-// A class id and `NO_RULE` fit in `FlowEntry::word`'s 16 bits apart.
-const _: () = assert!(MAX_CLASSES < NO_RULE as u16 as u32);
+// A class id and `NO_RULE` (0xffff there) fit in `FlowEntry::word`'s 16 bits apart.
+const _: () = assert!(MAX_CLASSES < 0xffff);
 const _: () = assert!(core::mem::size_of::<RuleKey>() == RULE_KEY_WORDS * 8);
 const _: () = assert!(core::mem::size_of::<Tuple>() == 8 * RULE_KEY_WORDS + 8);
 const _: () = assert!(core::mem::size_of::<RuleTarget>() == 8);
@@ -829,6 +854,7 @@ mod pod {
     // SAFETY: all of these are `#[repr(C)]`, made only of integers, with explicit padding,
     // so every bit pattern is valid and there are no uninitialised bytes.
     unsafe impl aya::Pod for super::IfaceConfig {}
+    unsafe impl aya::Pod for super::IfaceSlot {}
     unsafe impl aya::Pod for super::Globals {}
     unsafe impl aya::Pod for super::RuleKey {}
     unsafe impl aya::Pod for super::Tuple {}

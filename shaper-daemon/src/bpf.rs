@@ -27,9 +27,9 @@ use nix::{
     sys::statfs::{statfs, FsType, BPF_FS_MAGIC},
 };
 use shaper_common::{
-    flow_cache_expires, maps, ClassConfig, ClassState, ClassStats, FlowEntry, Globals, IfaceConfig, Origin, RuleKey,
-    RuleTarget, Tuple, FILTER_WORDS, FLOW_SLOTS, IFB_PROGRAM_NAME, INGRESS_PROGRAM_NAME, MAP_LAYOUT_VERSION,
-    MAX_CLASSES, MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS, PROGRAM_NAME, RULES_PER_PACKET,
+    flow_cache_expires, maps, ClassConfig, ClassState, ClassStats, FlowEntry, Globals, IfaceConfig, IfaceSlot, Origin,
+    RuleKey, RuleTarget, Tuple, FILTER_WORDS, FLOW_SLOTS, IFACE_SLOTS, IFB_PROGRAM_NAME, INGRESS_PROGRAM_NAME,
+    MAP_LAYOUT_VERSION, MAX_CLASSES, MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS, PROGRAM_NAME, RULES_PER_PACKET,
 };
 
 use crate::rules::{self, Compiled};
@@ -241,6 +241,7 @@ pub enum AttachMode {
 pub struct Datapath {
     ebpf: Ebpf,
     ifaces: HashMap<MapData, u32, IfaceConfig>,
+    iface_slots: Array<MapData, IfaceSlot>,
     lan_ifaces: HashMap<MapData, u32, u32>,
     ifb_targets: HashMap<MapData, u32, u32>,
     origins: HashMap<MapData, u32, Origin>,
@@ -368,6 +369,7 @@ impl Datapath {
         redirect.load().map_err(BpfError::Verify)?;
         Ok(Self {
             ifaces: take(&mut ebpf, maps::IFACES)?,
+            iface_slots: take(&mut ebpf, maps::IFACE_SLOTS)?,
             lan_ifaces: take(&mut ebpf, maps::LAN_IFACES)?,
             ifb_targets: take(&mut ebpf, maps::IFB_TARGETS)?,
             origins: take(&mut ebpf, maps::ORIGINS)?,
@@ -632,7 +634,38 @@ impl Datapath {
     /// Removes the settings of interface `ifindex` (gone, or renamed away), so that an
     /// interface that gets the index later does not inherit them. None there is no error.
     pub fn remove_iface(&mut self, ifindex: u32) -> Result<(), BpfError> {
-        remove_ifindex(&mut self.ifaces, maps::IFACES, ifindex)
+        remove_ifindex(&mut self.ifaces, maps::IFACES, ifindex)?;
+        self.refresh_iface_slot(ifindex)
+    }
+
+    /// Makes the `IFACE_SLOTS` slot of interface `ifindex` a copy of the `IFACES` entry of the
+    /// interface that holds it: the one that held it if it still has an entry, else the
+    /// lowest index with an entry that may hold it, else none.
+    fn refresh_iface_slot(&mut self, ifindex: u32) -> Result<(), BpfError> {
+        let slot = ifindex % IFACE_SLOTS;
+        let held =
+            self.iface_slots.get(&slot, 0).map_err(map_err(maps::IFACE_SLOTS, format!("reading slot {slot}")))?;
+        let mut holder = None;
+        for entry in &self.ifaces {
+            let (index, config) = entry.map_err(map_err(maps::IFACES, "listing the interfaces"))?;
+            if index % IFACE_SLOTS != slot {
+                continue;
+            }
+            if index == held.ifindex {
+                holder = Some((index, config));
+                break;
+            }
+            if holder.is_none_or(|(lowest, _)| index < lowest) {
+                holder = Some((index, config));
+            }
+        }
+        let value = holder.map_or_else(IfaceSlot::default, |(ifindex, config)| IfaceSlot { ifindex, _pad: 0, config });
+        self.iface_slots.set(slot, value, 0).map_err(map_err(maps::IFACE_SLOTS, format!("writing slot {slot}")))
+    }
+
+    /// Slot `slot` of `IFACE_SLOTS` (tests).
+    pub fn iface_slot(&self, slot: u32) -> Result<IfaceSlot, BpfError> {
+        self.iface_slots.get(&slot, 0).map_err(map_err(maps::IFACE_SLOTS, format!("reading slot {slot}")))
     }
 
     /// The interfaces whose clsact qdisc this process added (or took over the record of).
@@ -810,7 +843,8 @@ impl Datapath {
             let old = self.iface_config(ifindex)?;
             self.journal.get_or_insert_default().push(Undo::Iface(ifindex, old));
         }
-        self.ifaces.insert(ifindex, config, 0).map_err(map_err(maps::IFACES, format!("setting ifindex {ifindex}")))
+        self.ifaces.insert(ifindex, config, 0).map_err(map_err(maps::IFACES, format!("setting ifindex {ifindex}")))?;
+        self.refresh_iface_slot(ifindex)
     }
 
     /// An interface's settings, if it has any.

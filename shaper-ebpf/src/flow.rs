@@ -156,4 +156,3 @@ fn read(slot: u32) -> Option<(u64, u64)> {
         )
     })
 }
-

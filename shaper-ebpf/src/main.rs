@@ -29,15 +29,17 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use shaper_common::{
-    delay_bucket, frames_ns, ClassConfig, ClassState, ClassStats, Globals, HostState, IfaceConfig, LinkState, Origin,
-    RuleKey, RuleTarget, Tuple, CLASS_BORROWING, CLASS_QUIET, DSCP_OVER, DSCP_SET, FILTER_WORDS, HOST_SETS, HOST_SLOTS,
-    HOST_WAYS, IFACE_DOWNLOAD, IFACE_L3, IFACE_NAT, ISOLATE_FLOW, ISOLATE_NONE, LAN_L3, MAX_CLASSES, MAX_IFB_TARGETS,
-    MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, NO_RULE, ORIGIN_SLOTS, PORT_SLOTS, PROFILE_BURST_FRAMES, RULE_BANKS,
-    SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
+    delay_bucket, frames_ns, ClassConfig, ClassState, ClassStats, Globals, HostState, IfaceConfig, IfaceSlot,
+    LinkState, Origin, RuleKey, RuleTarget, Tuple, CLASS_BORROWING, CLASS_QUIET, DSCP_OVER, DSCP_SET, FILTER_WORDS,
+    HOST_SETS, HOST_SLOTS, HOST_WAYS, IFACE_DOWNLOAD, IFACE_L3, IFACE_NAT, ISOLATE_FLOW, ISOLATE_NONE, LAN_L3,
+    MAX_CLASSES, MAX_IFB_TARGETS, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, NO_RULE, ORIGIN_SLOTS, PORT_SLOTS,
+    PROFILE_BURST_FRAMES, RULE_BANKS, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
 };
 
 #[map]
 static IFACES: HashMap<u32, IfaceConfig> = HashMap::with_max_entries(MAX_INTERFACES, 0);
+#[map]
+static IFACE_SLOTS: Array<IfaceSlot> = Array::with_max_entries(shaper_common::IFACE_SLOTS, 0);
 #[map]
 static GLOBALS: Array<Globals> = Array::with_max_entries(1, 0);
 #[map]
@@ -228,10 +230,7 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     let skb = ctx.skb.skb;
     // SAFETY: the context pointer is valid for the whole program run.
     let ifindex = unsafe { (*skb).ifindex };
-    // A reference into the map value rather than a copy (the BPF stack is small); the daemon
-    // rewrites it only when the configuration changes, and each field is read once.
-    // SAFETY: the value lives as long as the map.
-    let iface = unsafe { IFACES.get(&ifindex) }.ok_or(())?;
+    let iface = &iface_config(ifindex).ok_or(())?;
 
     let mut key = core::mem::MaybeUninit::<RuleKey>::uninit();
     let key = zero_in_place(&mut key);
@@ -260,6 +259,25 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     // a key aligned to 8.
     let host = unsafe { &*host.as_ptr().cast::<[u64; 2]>() };
     Ok(shape(ctx, &Packet { class, rule_class, flow, hdr_len, ip, host, iface }))
+}
+
+/// The settings of interface `ifindex`: its slot's copy in `IFACE_SLOTS` if it holds the
+/// slot, else its entry in `IFACES`. A copy either way: a reference into one map or the other
+/// would make the verifier walk the rest of the program once for each.
+#[inline(always)]
+fn iface_config(ifindex: u32) -> Option<IfaceConfig> {
+    if let Some(slot) = IFACE_SLOTS.get_ptr(ifindex & (shaper_common::IFACE_SLOTS - 1)) {
+        // SAFETY: a valid map value pointer (an array's, never freed). shaperd rewrites a slot
+        // only when the configuration changes; a packet that reads half of the old settings
+        // and half of the new is shaped by a mix of both, as with the hash map's entry.
+        let slot = unsafe { &*slot };
+        // An empty slot's ifindex is 0, which no interface has.
+        if slot.ifindex == ifindex && ifindex != 0 {
+            return Some(slot.config);
+        }
+    }
+    // SAFETY: the value lives as long as the map.
+    unsafe { IFACES.get(&ifindex) }.copied()
 }
 
 const _: () = assert!(
