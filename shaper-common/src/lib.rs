@@ -83,6 +83,13 @@ impl FlowEntry {
         }
     }
 
+    /// The [`flow_tag`] a word holds (0 in an empty slot's).
+    #[inline(always)]
+    #[must_use]
+    pub const fn tag(word: u64) -> u32 {
+        (word >> 32) as u32
+    }
+
     /// Whether a word holds a classification by the rules of `generation`.
     #[inline(always)]
     #[must_use]
@@ -284,10 +291,18 @@ pub const ISOLATE_FLOW: u32 = 2;
 /// Slots of `IFACE_SLOTS` (a power of two).
 pub const IFACE_SLOTS: u32 = 64;
 
+/// The slot of `IFACE_SLOTS` that interface `ifindex` may hold.
+#[expect(clippy::inline_always, reason = "called per packet in the tc program, which has no calls to spare")]
+#[inline(always)]
+#[must_use]
+pub const fn iface_slot(ifindex: u32) -> u32 {
+    ifindex & (IFACE_SLOTS - 1)
+}
+
 /// Value of `IFACE_SLOTS`, an array the datapath reads an interface's settings from before it
 /// looks in `IFACES` (a hash map: hashing the key and walking a bucket took about 8 % of a
 /// packet's cost on the many-flow mix of `cargo xtask bench`). Interface `ifindex` may hold
-/// slot `ifindex % IFACE_SLOTS`; one whose slot another holds is found in `IFACES`. shaperd
+/// slot [`iface_slot`]`(ifindex)`; one whose slot another holds is found in `IFACES`. shaperd
 /// keeps each slot a copy of the `IFACES` entry of the interface that holds it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

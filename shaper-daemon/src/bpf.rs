@@ -27,8 +27,8 @@ use nix::{
     sys::statfs::{statfs, FsType, BPF_FS_MAGIC},
 };
 use shaper_common::{
-    flow_cache_expires, maps, ClassConfig, ClassState, ClassStats, FlowEntry, Globals, IfaceConfig, IfaceSlot, Origin,
-    RuleKey, RuleTarget, Tuple, FILTER_WORDS, FLOW_SLOTS, IFACE_SLOTS, IFB_PROGRAM_NAME, INGRESS_PROGRAM_NAME,
+    flow_cache_expires, iface_slot, maps, ClassConfig, ClassState, ClassStats, FlowEntry, Globals, IfaceConfig,
+    IfaceSlot, Origin, RuleKey, RuleTarget, Tuple, FILTER_WORDS, FLOW_SLOTS, IFB_PROGRAM_NAME, INGRESS_PROGRAM_NAME,
     MAP_LAYOUT_VERSION, MAX_CLASSES, MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS, PROGRAM_NAME, RULES_PER_PACKET,
 };
 
@@ -642,13 +642,13 @@ impl Datapath {
     /// interface that holds it: the one that held it if it still has an entry, else the
     /// lowest index with an entry that may hold it, else none.
     fn refresh_iface_slot(&mut self, ifindex: u32) -> Result<(), BpfError> {
-        let slot = ifindex % IFACE_SLOTS;
+        let slot = iface_slot(ifindex);
         let held =
             self.iface_slots.get(&slot, 0).map_err(map_err(maps::IFACE_SLOTS, format!("reading slot {slot}")))?;
         let mut holder = None;
         for entry in &self.ifaces {
             let (index, config) = entry.map_err(map_err(maps::IFACES, "listing the interfaces"))?;
-            if index % IFACE_SLOTS != slot {
+            if iface_slot(index) != slot {
                 continue;
             }
             if index == held.ifindex {

@@ -58,7 +58,7 @@ impl Flow {
         let (mut cached, mut last_ns) = (0, 0);
         for way in 0..FLOW_WAYS {
             let Some((word, last)) = read(slot + way) else { break };
-            if (word >> 32) as u32 == flow_tag(tag) {
+            if FlowEntry::tag(word) == flow_tag(tag) {
                 cached = word;
                 last_ns = last;
                 break;
@@ -122,7 +122,7 @@ impl Flow {
         let (mut way, mut oldest) = (0, u64::MAX);
         for i in 0..FLOW_WAYS {
             let Some((word, last)) = read(self.set + i) else { return };
-            if (word >> 32) as u32 == tag {
+            if FlowEntry::tag(word) == tag {
                 way = i;
                 break;
             }

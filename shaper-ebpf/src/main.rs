@@ -266,7 +266,7 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
 /// would make the verifier walk the rest of the program once for each.
 #[inline(always)]
 fn iface_config(ifindex: u32) -> Option<IfaceConfig> {
-    if let Some(slot) = IFACE_SLOTS.get_ptr(ifindex & (shaper_common::IFACE_SLOTS - 1)) {
+    if let Some(slot) = IFACE_SLOTS.get_ptr(shaper_common::iface_slot(ifindex)) {
         // SAFETY: a valid map value pointer (an array's, never freed). shaperd rewrites a slot
         // only when the configuration changes; a packet that reads half of the old settings
         // and half of the new is shaped by a mix of both, as with the hash map's entry.

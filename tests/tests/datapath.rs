@@ -12,8 +12,8 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use shaper::{bpf::Datapath, rules::RuleSpec};
 use shaper_common::{
-    ClassConfig, IfaceConfig, IfaceSlot, CLASS_BORROWING, CLASS_QUIET, FLOW_SLOTS, IFACE_ENABLED, IFACE_SLOTS,
-    ISOLATE_HOST, LINKLAYER_ATM, LINKLAYER_ETHERNET, LINKLAYER_PTM,
+    iface_slot, ClassConfig, IfaceConfig, IfaceSlot, CLASS_BORROWING, CLASS_QUIET, FLOW_SLOTS, IFACE_ENABLED,
+    IFACE_SLOTS, ISOLATE_HOST, LINKLAYER_ATM, LINKLAYER_ETHERNET, LINKLAYER_PTM,
 };
 use shaper_tests::{ipv4, ipv6, loopback_datapath, monotonic_ns, run, Frame, SkbCtx, L4, LO, TC_ACT_OK, TC_ACT_SHOT};
 
@@ -742,7 +742,7 @@ fn an_interface_whose_slot_another_holds_is_shaped_all_the_same() {
     let mut dp = datapath(&[]);
     let lo = |default_class| IfaceConfig { default_class, flags: IFACE_ENABLED, ..IfaceConfig::default() };
     let other = LO + IFACE_SLOTS;
-    let slot = LO % IFACE_SLOTS;
+    let slot = iface_slot(LO);
     let packet = v4([1, 1, 1, 1], [2, 2, 2, 2], TCP);
     let ctx = SkbCtx::default();
     assert_eq!(dp.iface_slot(slot).unwrap().ifindex, LO);
