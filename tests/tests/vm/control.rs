@@ -380,18 +380,31 @@ fn raise_open_file_limit() {
     );
 }
 
-/// Time shaperd's control thread has run and waited for a CPU, ns (its schedstat), if it has
-/// a thread of its own.
-fn control_thread_sched(pid: u32) -> Option<(u64, u64)> {
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("listing shaperd's threads").flatten() {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if comm.trim() == "shaperd-control" {
-            let stat = std::fs::read_to_string(task.path().join("schedstat")).expect("reading schedstat");
-            let v: Vec<u64> = stat.split_whitespace().map(|x| x.parse().expect("a number")).collect();
-            return Some((v[0], v[1]));
-        }
-    }
-    None
+/// The /proc directory of shaperd's control thread.
+fn control_thread(pid: u32) -> std::path::PathBuf {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("listing shaperd's threads")
+        .flatten()
+        .find_map(|task| {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            (comm.trim() == "shaperd-control").then(|| task.path())
+        })
+        .expect("shaperd's control loop has a thread of its own, shaperd-control")
+}
+
+/// Time shaperd's control thread has run and waited for a CPU, ns (its schedstat).
+fn control_thread_sched(pid: u32) -> (u64, u64) {
+    let stat = std::fs::read_to_string(control_thread(pid).join("schedstat")).expect("reading schedstat");
+    let v: Vec<u64> = stat.split_whitespace().map(|x| x.parse().expect("a number")).collect();
+    (v[0], v[1])
+}
+
+/// The nice value of shaperd's control thread (field 19 of its stat; the fields after the
+/// command's closing parenthesis start at 3).
+fn control_thread_nice(pid: u32) -> i64 {
+    let stat = std::fs::read_to_string(control_thread(pid).join("stat")).expect("reading the thread's stat");
+    let fields = &stat[stat.rfind(')').expect("a command in parentheses") + 1..];
+    fields.split_whitespace().nth(19 - 3).and_then(|n| n.parse().ok()).expect("a nice value")
 }
 
 /// A field of /proc/<pid>/status, kB.
@@ -467,6 +480,7 @@ fn the_control_plane_under_load_answers_every_good_request_and_shaping_keeps_its
     let (tally, waves) = storm(&topo, t0 + STORM_TO);
     let (stormy_at, stormy) = metrics_now(&topo);
     let sched_after = control_thread_sched(daemon.pid());
+    let nice = control_thread_nice(daemon.pid());
     let hwm = proc_status_kb(daemon.pid(), "VmHWM:");
     let rss_after = proc_status_kb(daemon.pid(), "VmRSS:");
     let intervals = receiver_intervals(flow);
@@ -514,13 +528,11 @@ fn the_control_plane_under_load_answers_every_good_request_and_shaping_keeps_its
         p99_duration * 1e3
     );
     println!("storm tick intervals by bucket (ms:cumulative count): {}", buckets.join(" "));
-    if let (Some(before), Some(after)) = (sched_before, sched_after) {
-        println!(
-            "shaperd's control thread over the storm: {:.0} ms on a CPU, {:.0} ms waiting for one",
-            (after.0 - before.0) as f64 / 1e6,
-            (after.1 - before.1) as f64 / 1e6,
-        );
-    }
+    println!(
+        "shaperd's control thread (nice {nice}) over the storm: {:.0} ms on a CPU, {:.0} ms waiting for one",
+        (sched_after.0 - sched_before.0) as f64 / 1e6,
+        (sched_after.1 - sched_before.1) as f64 / 1e6,
+    );
     println!(
         "shaped flow: {:.3} mbit/s before, {:.3} mbit/s during the storm ({:+.2} %)",
         before / 1e6,
@@ -529,6 +541,10 @@ fn the_control_plane_under_load_answers_every_good_request_and_shaping_keeps_its
     );
 
     let mut failures = tally.failures();
+    // shaperd runs as root here: its control thread may, and must, take the better nice value.
+    if nice != -10 {
+        failures.push(format!("the control thread's nice value is {nice}, not -10"));
+    }
     if waves == 0 || get(&tally.requests) < WAVE as u64 || get(&tally.ctl_calls) < CTL_PROCESSES as u64 {
         failures.push("not even one whole wave of requests was answered".into());
     }
@@ -548,9 +564,9 @@ fn the_control_plane_under_load_answers_every_good_request_and_shaping_keeps_its
     // median must be there, and at most one tick in ten may be skipped. The 99th percentile is
     // bounded by what the VM allows: its two CPUs are emulated (TCG) on a host that runs other
     // work, and even before the storm one interval in a hundred exceeds 15-25 ms; during it,
-    // the control thread waits for a CPU for about 1 s in all among the storm's ~200 threads
-    // and shaperd's own workers (it waits at the state lock for one request and one scrape at
-    // most). 50 ms (five periods) at the 99th percentile still catches a control loop that
+    // the control thread waits for a CPU among the storm's ~200 threads and shaperd's own
+    // workers (it waits at the state lock for one request and one scrape at most): 1-2.3 s in
+    // all at nice 0 (one CI run lost 10.04 % of its ticks so), 0.47-0.54 s at its nice -10. 50 ms (five periods) at the 99th percentile still catches a control loop that
     // waits behind a queue of requests or scrapes, or for a worker of the busy runtime:
     // those stall it for 100s of ms here.
     if p50_storm > 0.011 || p99_storm > 0.050 || (ticks_storm as f64) < 0.9 * expected_ticks {
