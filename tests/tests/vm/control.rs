@@ -566,9 +566,10 @@ fn the_control_plane_under_load_answers_every_good_request_and_shaping_keeps_its
     // work, and even before the storm one interval in a hundred exceeds 15-25 ms; during it,
     // the control thread waits for a CPU among the storm's ~200 threads and shaperd's own
     // workers (it waits at the state lock for one request and one scrape at most): 1-2.3 s in
-    // all at nice 0 (one CI run lost 10.04 % of its ticks so), 0.47-0.54 s at its nice -10. 50 ms (five periods) at the 99th percentile still catches a control loop that
-    // waits behind a queue of requests or scrapes, or for a worker of the busy runtime:
-    // those stall it for 100s of ms here.
+    // all at nice 0 (one CI run lost 10.04 % of its ticks so), 0.47-0.54 s at its nice -10.
+    // 50 ms (five periods) at the 99th percentile still catches a control loop that waits
+    // behind a queue of requests or scrapes, or for a worker of the busy runtime: those stall
+    // it for 100s of ms here.
     if p50_storm > 0.011 || p99_storm > 0.050 || (ticks_storm as f64) < 0.9 * expected_ticks {
         failures.push(format!(
             "the control loop lost its pace: {ticks_storm} ticks of {expected_ticks:.0}, p50 {:.1} ms, p99 {:.1} ms",

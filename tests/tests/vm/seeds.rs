@@ -422,8 +422,8 @@ fn seed_003_pings_stay_fast_under_a_saturated_dsl_uplink() {
     // whichever is longer: the VM's own stalls move both systems' p99 by a few ms from run to
     // run. Half a frame's time (11 ms) was the bar before; in six runs on the 6.1 VM ours
     // measured 3.4-12.6 ms (11.3 and 12.6 over it), HTB's 1.8-13.6 in the same runs
-    // (medians about 10 and 5.5): a gap still to close. The seed's conditioner got 60-90 ms; before it,
-    // 1800-2000.
+    // (medians about 10 and 5.5): a gap still to close. The seed's conditioner got 60-90 ms;
+    // before it, 1800-2000.
     let (ours_p99, htb_p99) = (p99(&ours.pings), p99(&htb.pings));
     let bar = (htb_p99 * 1.1 + 2.0).max(1514.0 * LINE_PER_FRAME * 8.0 / UPLINK * 1e3);
     if ours_p99 > bar {
