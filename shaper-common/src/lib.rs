@@ -20,8 +20,10 @@ pub const MAX_TUPLES: u32 = 32;
 /// new rule set into the inactive bank and switches `Globals` in one write: a packet sees the
 /// old rules or the new ones, never a mix.
 pub const RULE_BANKS: u32 = 2;
-/// Most compiled rule entries per bank (one rule with a port range may need several).
-pub const MAX_RULE_ENTRIES: u32 = 65536;
+/// Most compiled rule entries per bank (one rule with a port range may need several). `RULES`
+/// allocates an entry when it is written (it is not preallocated): its memory follows the
+/// rules in use, not this bound, beyond its bucket array (16 bytes a slot).
+pub const MAX_RULE_ENTRIES: u32 = 131_072;
 /// Port interval ids (one array slot per port number); also the IP length interval ids of
 /// `LEN_IDS` (one slot per length, 0..=65535).
 pub const PORT_SLOTS: u32 = 65536;
@@ -216,7 +218,7 @@ pub fn delay_bucket(delay_ns: u64) -> usize {
 /// The version of the maps' layout (their key and value types and sizes). Pinned maps live in
 /// a directory named after it, so a shaperd whose maps differ never opens the pins of another:
 /// bump it whenever a map definition or a struct in this file changes.
-pub const MAP_LAYOUT_VERSION: u32 = 9;
+pub const MAP_LAYOUT_VERSION: u32 = 10;
 
 /// Map names, as they appear in the object file.
 pub mod maps {
@@ -238,8 +240,9 @@ pub mod maps {
     pub const ORIGINS: &str = "ORIGINS";
     pub const IFB_TARGETS: &str = "IFB_TARGETS";
     pub const RULE_FILTER: &str = "RULE_FILTER";
+    pub const ACTIVE: &str = "ACTIVE";
     /// Every map, for pinning.
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 19] = [
         IFACES,
         IFACE_SLOTS,
         TUPLES,
@@ -258,6 +261,7 @@ pub mod maps {
         ORIGINS,
         IFB_TARGETS,
         RULE_FILTER,
+        ACTIVE,
     ];
 }
 
@@ -577,7 +581,7 @@ impl Tuple {
     }
 }
 
-/// Words of `RULE_FILTER` per rule bank: up to 2^20 bits (128 KiB), of which a bank uses
+/// Words of `RULE_FILTER` per rule bank: up to 2^21 bits (256 KiB), of which a bank uses
 /// a power of two, about 16 per `RULES` entry (see [`Tuple::filter_mask`]).
 ///
 /// The filter sits in front of `RULES`: each entry of a bank sets the bit its key hashes to
@@ -586,7 +590,7 @@ impl Tuple {
 /// then costs a hash of its eight words and one read of a filter small enough to stay in
 /// the caches, rather than a hash-map lookup that misses them (its bucket array is sized
 /// for `MAX_RULE_ENTRIES` per bank).
-pub const FILTER_WORDS: u32 = 16384;
+pub const FILTER_WORDS: u32 = 32768;
 
 /// The hash of a `RULES` key (`words`: the key as words, tuple id included) that picks its
 /// bit in `RULE_FILTER`; the bit is `filter_hash(words) & Tuple::filter_mask`. Word by word
@@ -810,6 +814,40 @@ impl ClassStats {
 
 const _: () = assert!(core::mem::size_of::<IfaceConfig>() == 32);
 const _: () = assert!(core::mem::size_of::<IfaceSlot>() == 40);
+/// Words of [`ActiveClasses`]: a bit per class id.
+pub const ACTIVE_WORDS: usize = (MAX_CLASSES as usize).div_ceil(64);
+
+/// The classes that counted a packet since shaperd last looked (`ACTIVE`, one value). The
+/// datapath sets a class's bit when it counts a packet there and finds it clear; each tick
+/// shaperd reads the bits, clears them, and reads the counters and clock of those classes
+/// only: a class without packets has neither counted nor moved its clock since.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ActiveClasses {
+    pub words: [u64; ACTIVE_WORDS],
+}
+
+impl Default for ActiveClasses {
+    fn default() -> Self {
+        Self { words: [0; ACTIVE_WORDS] }
+    }
+}
+
+impl ActiveClasses {
+    /// Whether class `class`'s bit is set.
+    #[must_use]
+    pub fn has(&self, class: u32) -> bool {
+        self.words.get(class as usize / 64).is_some_and(|w| w & (1 << (class % 64)) != 0)
+    }
+
+    /// Sets class `class`'s bit (ids beyond [`MAX_CLASSES`] have none).
+    pub fn set(&mut self, class: u32) {
+        if let Some(w) = self.words.get_mut(class as usize / 64) {
+            *w |= 1 << (class % 64);
+        }
+    }
+}
+
 const _: () = assert!(IFACE_SLOTS.is_power_of_two());
 const _: () = assert!(core::mem::size_of::<Globals>() == 24);
 const _: () = assert!(core::mem::size_of::<FlowEntry>() == 16);
@@ -880,6 +918,7 @@ mod pod {
     unsafe impl aya::Pod for super::HostState {}
     unsafe impl aya::Pod for super::Origin {}
     unsafe impl aya::Pod for super::FlowEntry {}
+    unsafe impl aya::Pod for super::ActiveClasses {}
 }
 
 #[cfg(test)]

@@ -27,9 +27,10 @@ use nix::{
     sys::statfs::{statfs, FsType, BPF_FS_MAGIC},
 };
 use shaper_common::{
-    flow_cache_expires, iface_slot, maps, ClassConfig, ClassState, ClassStats, FlowEntry, Globals, IfaceConfig,
-    IfaceSlot, Origin, RuleKey, RuleTarget, Tuple, FILTER_WORDS, FLOW_SLOTS, IFB_PROGRAM_NAME, INGRESS_PROGRAM_NAME,
-    MAP_LAYOUT_VERSION, MAX_CLASSES, MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS, PROGRAM_NAME, RULES_PER_PACKET,
+    flow_cache_expires, iface_slot, maps, ActiveClasses, ClassConfig, ClassState, ClassStats, FlowEntry, Globals,
+    IfaceConfig, IfaceSlot, Origin, RuleKey, RuleTarget, Tuple, FILTER_WORDS, FLOW_SLOTS, IFB_PROGRAM_NAME,
+    INGRESS_PROGRAM_NAME, MAP_LAYOUT_VERSION, MAX_CLASSES, MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS, PROGRAM_NAME,
+    RULES_PER_PACKET,
 };
 
 use crate::rules::{self, Compiled};
@@ -256,6 +257,7 @@ pub struct Datapath {
     class_state: Array<MapData, ClassState>,
     class_stats: PerCpuArray<MapData, ClassStats>,
     flows: Array<MapData, FlowEntry>,
+    active: Array<MapData, ActiveClasses>,
     links: Vec<Attached>,
     /// Where the maps (and TCX links) are pinned, if they are.
     pin_dir: Option<PathBuf>,
@@ -384,6 +386,7 @@ impl Datapath {
             class_state: take(&mut ebpf, maps::CLASS_STATE)?,
             class_stats: take(&mut ebpf, maps::CLASS_STATS)?,
             flows: take(&mut ebpf, maps::FLOWS)?,
+            active: take(&mut ebpf, maps::ACTIVE)?,
             ebpf,
             links: Vec::new(),
             pin_dir,
@@ -1085,6 +1088,16 @@ impl Datapath {
     /// A class's pacing clock.
     pub fn class_state(&self, class: u32) -> Result<ClassState, BpfError> {
         self.class_state.get(&class, 0).map_err(map_err(maps::CLASS_STATE, format!("reading class {class}")))
+    }
+
+    /// The classes that counted a packet since the last call (see [`ActiveClasses`]), whose
+    /// bits are then cleared.
+    pub fn take_active(&mut self) -> Result<ActiveClasses, BpfError> {
+        let active = self.active.get(&0, 0).map_err(map_err(maps::ACTIVE, "reading the active classes"))?;
+        self.active
+            .set(0, ActiveClasses::default(), 0)
+            .map_err(map_err(maps::ACTIVE, "clearing the active classes"))?;
+        Ok(active)
     }
 
     /// A class's counters, summed over CPUs.

@@ -245,7 +245,7 @@ pub fn filter<'a>(keys: impl ExactSizeIterator<Item = &'a RuleKey>) -> (u32, BTr
         let bit = filter_hash(&words(key)) & mask;
         *set.entry(u32::try_from(bit >> 6).expect("within FILTER_WORDS")).or_insert(0u64) |= 1 << (bit & 63);
     }
-    (u32::try_from(mask).expect("at most 2^20 bits"), set)
+    (u32::try_from(mask).expect("at most 2^21 bits"), set)
 }
 
 /// The key's memory as the datapath sees it (its fields in `#[repr(C)]` order, native byte

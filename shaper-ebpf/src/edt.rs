@@ -7,7 +7,7 @@
 //! backlogged class (clock ahead of `t0`) takes its slot with one fetch-and-add, which is exact
 //! under any contention; an idle class restarts its clock with compare-and-exchange.
 
-use core::intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering};
+use core::intrinsics::{atomic_cxchg, atomic_or, atomic_xadd, AtomicOrdering};
 
 use shaper_common::ClassConfig;
 
@@ -26,6 +26,13 @@ pub unsafe fn cas(dst: *mut u64, old: u64, new: u64) -> bool {
 pub unsafe fn fetch_add(dst: *mut u64, v: u64) -> u64 {
     // SAFETY: forwarded to the caller.
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(dst, v) }
+}
+
+/// Atomic or on a u64 (BPF_ATOMIC | BPF_OR).
+#[inline(always)]
+pub unsafe fn fetch_or(dst: *mut u64, v: u64) {
+    // SAFETY: forwarded to the caller.
+    unsafe { atomic_or::<u64, u64, { AtomicOrdering::SeqCst }>(dst, v) };
 }
 
 /// Outcome of pacing one packet.

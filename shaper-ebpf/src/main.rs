@@ -22,18 +22,18 @@ mod parse;
 use flow::Flow;
 
 use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    bindings::{BPF_F_NO_PREALLOC, TC_ACT_OK, TC_ACT_SHOT},
     helpers::{bpf_get_hash_recalc, bpf_ktime_get_ns, bpf_redirect},
     macros::{classifier, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::TcContext,
 };
 use shaper_common::{
-    delay_bucket, frames_ns, ClassConfig, ClassState, ClassStats, Globals, HostState, IfaceConfig, IfaceSlot,
-    LinkState, Origin, RuleKey, RuleTarget, Tuple, CLASS_BORROWING, CLASS_QUIET, DSCP_OVER, DSCP_SET, FILTER_WORDS,
-    HOST_SETS, HOST_SLOTS, HOST_WAYS, IFACE_DOWNLOAD, IFACE_L3, IFACE_NAT, ISOLATE_FLOW, ISOLATE_NONE, LAN_L3,
-    MAX_CLASSES, MAX_IFB_TARGETS, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, NO_RULE, ORIGIN_SLOTS, PORT_SLOTS,
-    PROFILE_BURST_FRAMES, RULE_BANKS, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
+    delay_bucket, frames_ns, ActiveClasses, ClassConfig, ClassState, ClassStats, Globals, HostState, IfaceConfig,
+    IfaceSlot, LinkState, Origin, RuleKey, RuleTarget, Tuple, ACTIVE_WORDS, CLASS_BORROWING, CLASS_QUIET, DSCP_OVER,
+    DSCP_SET, FILTER_WORDS, HOST_SETS, HOST_SLOTS, HOST_WAYS, IFACE_DOWNLOAD, IFACE_L3, IFACE_NAT, ISOLATE_FLOW,
+    ISOLATE_NONE, LAN_L3, MAX_CLASSES, MAX_IFB_TARGETS, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, NO_RULE,
+    ORIGIN_SLOTS, PORT_SLOTS, PROFILE_BURST_FRAMES, RULE_BANKS, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
 };
 
 #[map]
@@ -44,8 +44,12 @@ static IFACE_SLOTS: Array<IfaceSlot> = Array::with_max_entries(shaper_common::IF
 static GLOBALS: Array<Globals> = Array::with_max_entries(1, 0);
 #[map]
 static TUPLES: Array<Tuple> = Array::with_max_entries(MAX_TUPLES * RULE_BANKS, 0);
+/// Not preallocated: an entry's memory is taken when shaperd writes it. Preallocated, the
+/// map took 16 MiB of kernel memory whatever the rules (its elements, 128 bytes each, for
+/// every entry of both banks).
 #[map]
-static RULES: HashMap<RuleKey, RuleTarget> = HashMap::with_max_entries(MAX_RULE_ENTRIES * RULE_BANKS, 0);
+static RULES: HashMap<RuleKey, RuleTarget> =
+    HashMap::with_max_entries(MAX_RULE_ENTRIES * RULE_BANKS, BPF_F_NO_PREALLOC);
 /// The rule banks' filters in front of `RULES` (see `shaper_common::FILTER_WORDS`).
 #[map]
 static RULE_FILTER: Array<u64> = Array::with_max_entries(FILTER_WORDS * RULE_BANKS, 0);
@@ -66,6 +70,9 @@ static CLASS_STATS: PerCpuArray<ClassStats> = PerCpuArray::with_max_entries(MAX_
 /// line) → each one's clock at its fair share (isolation inside classes; see [`share`]).
 #[map]
 static HOSTS: Array<HostState> = Array::with_max_entries(HOST_SLOTS, 0);
+/// The classes that counted a packet since shaperd last read them (`ActiveClasses`).
+#[map]
+static ACTIVE: Array<ActiveClasses> = Array::with_max_entries(1, 0);
 /// Interface slot → the link clock and the quiet classes' hold (`LinkState`).
 #[map]
 static LINKS: Array<LinkState> = Array::with_max_entries(MAX_INTERFACES, 0);
@@ -476,6 +483,7 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
     // SAFETY: per-CPU value: only this CPU writes it, and tc programs run with migration
     // disabled, so plain increments are not lost.
     let stats = unsafe { &mut *stats };
+    mark_active(class);
     // SAFETY: the context pointer is valid for the whole program run.
     let gso_segs = unsafe { (*skb).gso_segs };
     let segs = u64::from(gso_segs.max(1));
@@ -615,6 +623,28 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
     }
     remark(ctx, ip, config, in_profile);
     sent.record(stats, depart)
+}
+
+/// Sets class `class`'s bit in `ACTIVE` if it is clear: shaperd reads the class's counters
+/// at its next tick. A read of a line all CPUs share, and a write once a tick per class
+/// (shaperd clears the bits each tick).
+#[inline(always)]
+fn mark_active(class: u32) {
+    let i = (class / 64) as usize;
+    if i >= ACTIVE_WORDS {
+        return;
+    }
+    let Some(active) = ACTIVE.get_ptr_mut(0) else { return };
+    // SAFETY: a pointer into an array map value, which lives as long as the map; `i` is
+    // within its words.
+    let word = unsafe { core::ptr::addr_of_mut!((*active).words).cast::<u64>().add(i) };
+    let bit = 1u64 << (class % 64);
+    // SAFETY: as above; shaperd may clear the word meanwhile (the bit is then set again by
+    // the class's next packet).
+    if unsafe { core::ptr::read_volatile(word) } & bit == 0 {
+        // SAFETY: as above.
+        unsafe { edt::fetch_or(word, bit) };
+    }
 }
 
 /// Sets the DSCP of a packet that leaves, if its class marks (`ClassConfig::dscp_flags`):

@@ -718,6 +718,25 @@ fn a_receive_timestamp_is_not_taken_for_a_departure_time() {
     );
 }
 
+/// The classes that counted a packet are marked for shaperd's next tick (paced or not), and
+/// only until it takes the marks.
+#[test]
+fn a_class_that_counts_a_packet_is_marked_active_until_the_marks_are_taken() {
+    let mut dp = datapath(&[RuleSpec { src: Some("10.0.0.7/32".parse().unwrap()), ..RuleSpec::new(0, 3) }]);
+    dp.set_class(3, ClassConfig { rate_bytes: 1_000_000, horizon_ns: SECOND, ..ClassConfig::default() }).unwrap();
+    let marked = |a: &shaper_common::ActiveClasses| (0..=DEFAULT).filter(|&c| a.has(c)).collect::<Vec<_>>();
+    assert_eq!(marked(&dp.take_active().unwrap()), Vec::<u32>::new());
+    for src in [[10, 0, 0, 7], [10, 0, 0, 8], [10, 0, 0, 7]] {
+        assert_eq!(run(&dp, &v4(src, [2, 2, 2, 2], TCP), SkbCtx::default(), 1).action, TC_ACT_OK);
+    }
+    // Class 3 paced, the default class unpaced: both counted, both marked.
+    assert_eq!((dp.class_stats(3).unwrap().packets, dp.class_stats(DEFAULT).unwrap().packets), (2, 1));
+    assert_eq!(marked(&dp.take_active().unwrap()), vec![3, DEFAULT]);
+    assert_eq!(marked(&dp.take_active().unwrap()), Vec::<u32>::new(), "taken: cleared");
+    run(&dp, &v4([10, 0, 0, 7], [2, 2, 2, 2], TCP), SkbCtx::default(), 1);
+    assert_eq!(marked(&dp.take_active().unwrap()), vec![3]);
+}
+
 #[test]
 fn unpaced_class_and_unknown_interface_pass() {
     let dp = datapath(&[]);

@@ -62,6 +62,8 @@ mod linklayer;
 #[path = "vm/ifb.rs"]
 mod ifb;
 
+#[path = "vm/footprint.rs"]
+mod footprint;
 #[path = "vm/forwarding.rs"]
 mod forwarding;
 #[path = "vm/multiqueue.rs"]

@@ -4,8 +4,9 @@
 //! ratios and goals, and writes it to `target/bench/` as JSON and a PNG chart. Runs on the
 //! host kernel (`BPF_PROG_TEST_RUN`; no `fq` needed).
 //!
-//! `--forwarding` runs the VM benchmark that forwards small UDP datagrams through the gateway
-//! namespace with nothing, shaper and HTB on the WAN interface (`tests/tests/vm/forwarding.rs`).
+//! `--forwarding` runs the VM benchmarks: small UDP datagrams forwarded through the gateway
+//! namespace with nothing, shaper and HTB on the WAN interface (`tests/tests/vm/forwarding.rs`),
+//! and shaperd's memory and idle CPU with many classes and rules (`tests/tests/vm/footprint.rs`).
 //!
 //! `--short` is the version the test stage `bench` runs: fewer packets, and a non-zero exit
 //! if a ratio regresses past its bound (`shaper_tests::bench::Row::bound`).
@@ -21,26 +22,33 @@ pub struct BenchArgs {
     /// Fewer packets and ticks, no model sweep; fail if a ratio regresses past its bound.
     #[arg(long)]
     pub short: bool,
-    /// Instead: small UDP datagrams forwarded through the gateway namespace with nothing,
-    /// shaper and HTB on the WAN interface, in the VM (its kernel has `sch_fq`).
+    /// Instead, in the VM (its kernel has `sch_fq`): small UDP datagrams forwarded through
+    /// the gateway namespace with nothing, shaper and HTB on the WAN interface; shaperd's
+    /// memory and idle CPU with many classes and rules.
     #[arg(long, conflicts_with = "short")]
     pub forwarding: bool,
 }
 
-/// The VM benchmark `--forwarding` runs.
-const FORWARDING_BENCH: &str = "forwarding::small_udp_through_the_gateway_none_shaper_htb";
+/// The VM benchmarks `--forwarding` runs, and the JSON file each writes.
+const VM_BENCHES: [(&str, &str); 2] = [
+    ("forwarding::small_udp_through_the_gateway_none_shaper_htb", "forwarding.json"),
+    ("footprint::shaperd_memory_and_idle_cpu_with_many_classes_and_rules", "footprint.json"),
+];
 
 /// Builds the bench (optimised: the control loop's tick is timed too) and runs it.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     setup::require_root("the benchmarks (BPF_PROG_TEST_RUN)")?;
     setup::ensure_all()?;
     if args.forwarding {
-        crate::test::vm_tests(crate::vm::KernelLine::V6_1, &[FORWARDING_BENCH], std::time::Duration::from_secs(1200))?;
-        let written = crate::vm::vm_dir().join("test-run/forwarding.json");
+        let names = VM_BENCHES.map(|(name, _)| name);
+        crate::test::vm_tests(crate::vm::KernelLine::V6_1, &names, std::time::Duration::from_secs(1800))?;
         let out = util::target_dir().join("bench");
         std::fs::create_dir_all(&out).with_context(|| out.display().to_string())?;
-        std::fs::copy(&written, out.join("forwarding.json")).with_context(|| written.display().to_string())?;
-        println!("written: {}", out.join("forwarding.json").display());
+        for (_, file) in VM_BENCHES {
+            let written = crate::vm::vm_dir().join("test-run").join(file);
+            std::fs::copy(&written, out.join(file)).with_context(|| written.display().to_string())?;
+            println!("written: {}", out.join(file).display());
+        }
         return Ok(());
     }
     util::run(&mut util::cargo_at_root(&["build", "--release", "-p", "shaper-tests", "--bin", "shaper-bench"]))?;

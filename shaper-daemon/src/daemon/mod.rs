@@ -199,6 +199,7 @@ pub async fn run(
             generation: 0,
             options: options.clone(),
             last_tick_ns: monotonic_ns(),
+            ticks: 0,
             histories: Histories::new(),
         }),
         metrics: Arc::new(Metrics::new()),

@@ -11,8 +11,8 @@ use std::{
 
 use nix::time::{clock_gettime, ClockId};
 use shaper_common::{
-    frames_ns, ClassConfig, CLASS_BORROWING, CLASS_QUIET, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, DSCP_OVER, DSCP_SET,
-    ISOLATE_FLOW, ISOLATE_HOST, ISOLATE_NONE,
+    frames_ns, ClassConfig, ClassStats, CLASS_BORROWING, CLASS_QUIET, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, DSCP_OVER,
+    DSCP_SET, ISOLATE_FLOW, ISOLATE_HOST, ISOLATE_NONE,
 };
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -32,6 +32,10 @@ use crate::{
 
 /// The window of the added-delay percentile that `status` reports.
 const DELAY_WINDOW_NS: u64 = 1_000_000_000;
+
+/// Every class's counters are read at least once in this many ticks (one second at the
+/// default tick), whether the datapath marked it active or not (see [`State::control_tick`]).
+const SWEEP_TICKS: u64 = 100;
 
 /// A class as the daemon tracks it.
 #[derive(Clone, Debug)]
@@ -60,6 +64,9 @@ pub(super) struct ClassEntry {
     /// Delay histograms over the last second (`CLOCK_MONOTONIC` ns), oldest first, for the
     /// p99 in `status`.
     delays: VecDeque<(u64, [u64; DELAY_BUCKETS])>,
+    /// The class's counters and clock as last read from the datapath (see
+    /// [`State::control_tick`]): `None` until the first read.
+    seen: Option<(ClassStats, u64)>,
 }
 
 impl ClassEntry {
@@ -77,6 +84,7 @@ impl ClassEntry {
             share: 0,
             share_counters: (0, 0, 0),
             delays: VecDeque::new(),
+            seen: None,
         }
     }
 
@@ -143,6 +151,8 @@ pub(super) struct State {
     pub(super) options: Options,
     /// `CLOCK_MONOTONIC` time of the last control tick, ns.
     pub(super) last_tick_ns: u64,
+    /// Ticks so far (for the sweep of [`State::control_tick`]).
+    pub(super) ticks: u64,
     /// The leaves' counter histories, a column for each class id.
     pub(super) histories: Histories,
 }
@@ -314,6 +324,14 @@ impl State {
         let elapsed = mono.saturating_sub(std::mem::replace(&mut self.last_tick_ns, mono));
         let columns = self.classes.iter().map(|c| c.id as usize + 1).max().unwrap_or(0);
         self.histories.start_row(mono, columns);
+        // Only the classes that counted a packet since the last tick are read: the others'
+        // counters and clocks are as last read. A class whose only packets since came
+        // between the read of the bits and their clearing (a microsecond) is read in a sweep
+        // that reads every class once every `SWEEP_TICKS` ticks, if not sooner.
+        let active = self.datapath.take_active()?;
+        self.ticks = self.ticks.wrapping_add(1);
+        let ticks = self.ticks;
+        let sweep = |id: u32| (u64::from(id) + ticks).is_multiple_of(SWEEP_TICKS);
         for t in &mut self.trees {
             let mut leaves = vec![pacing::Leaf::default(); t.tree.nodes.len()];
             // Isolation, per node: (bits/s from light hosts, hosts over their share, hosts
@@ -325,8 +343,13 @@ impl State {
                 if !entry.leaf {
                     continue;
                 }
-                let stats = self.datapath.class_stats(entry.id)?;
-                let clock = self.datapath.class_state(entry.id)?.next_ns;
+                let (stats, clock) = match entry.seen {
+                    Some(seen) if !active.has(entry.id) && !sweep(entry.id) => seen,
+                    _ => {
+                        let read = (self.datapath.class_stats(entry.id)?, self.datapath.class_state(entry.id)?.next_ns);
+                        *entry.seen.insert(read)
+                    }
+                };
                 let backlog = clock.saturating_sub(mono);
                 let estimate = entry.estimator.update(
                     &mut self.histories,

@@ -6,6 +6,8 @@
 //!   `BPF_PROG_TEST_RUN` runs one packet of the mix (the kernel times the run), next to a tc
 //!   program that does nothing, run on the same packets. Also on one packet repeated, the
 //!   figure earlier versions printed.
+//! - The kernel memory of the datapath's maps with 10,000 and 100,000 host rules, next to
+//!   the same with 10.
 //! - The control loop's tick (demand estimators and the allocator) at 10,000 classes, next to
 //!   the same at 100 classes (scaling), and against the 1 ms it may take.
 //! - The control loop's tick length and headroom on the model.
@@ -228,6 +230,7 @@ fn datapath_mix(report: &mut Report, short: bool) {
     let passes = if short { 5 } else { 9 };
     let section = "datapath, many-flow mix";
     let ten_thousand_hosts = Mix::new(10_000, Spread::Zipf, packets);
+    let hundred_thousand_hosts = Mix::new(100_000, Spread::Zipf, packets);
     let thousand_hosts = Mix::new(1_000, Spread::Zipf, packets);
     let thousand_hosts_uniform = Mix::new(1_000, Spread::Uniform, packets);
     let row = |name, dp, mix, goal| MixRow { name, dp, mix, goal, samples: Vec::new(), before: ClassStats::default() };
@@ -267,14 +270,64 @@ fn datapath_mix(report: &mut Report, short: bool) {
     let base = median(&mut baseline);
     report.baseline(section, "empty tc program, one packet per run", base, "ns/packet");
     for r in &mut rows {
-        let after = all_stats(&r.dp);
-        let packets = (after.packets - r.before.packets).max(1);
-        let misses = (after.flow_misses - r.before.flow_misses) as f64 / packets as f64;
-        let mut row = Row::ratio(section, r.name, median(&mut r.samples), base, "ns/packet").note(misses_note(misses));
-        if let Some((goal, bound)) = r.goal {
-            row = row.goal(goal).bound(bound);
-        }
-        report.push(row);
+        let row = Row::ratio(section, r.name, median(&mut r.samples), base, "ns/packet")
+            .note(misses_note(misses_since(&r.dp, &r.before)));
+        report.push(match r.goal {
+            Some((goal, bound)) => row.goal(goal).bound(bound),
+            None => row,
+        });
+    }
+    // 100,000 host rules in passes of their own, each next to the empty program (its own
+    // baseline): its tables are the largest, and would leave the rows run after it colder.
+    drop(rows);
+    let big = datapath_with(&host_rules(100_000), plain);
+    run_mix(big.program(), &hundred_thousand_hosts);
+    let before = all_stats(&big);
+    let (mut own_base, mut samples) = (Vec::new(), Vec::new());
+    for _ in 0..passes {
+        own_base.push(run_mix(pass, &hundred_thousand_hosts));
+        samples.push(run_mix(big.program(), &hundred_thousand_hosts));
+    }
+    let own_base = median(&mut own_base);
+    let note = format!("{}; empty program {own_base:.1} ns in its passes", misses_note(misses_since(&big, &before)));
+    report.push(Row::ratio(section, "100,000 host rules", median(&mut samples), own_base, "ns/packet").note(note));
+}
+
+/// The share of the packets `dp` ran since its counters were `before` that missed its flow
+/// cache.
+fn misses_since(dp: &Datapath, before: &ClassStats) -> f64 {
+    let after = all_stats(dp);
+    let packets = (after.packets - before.packets).max(1);
+    (after.flow_misses - before.flow_misses) as f64 / packets as f64
+}
+
+/// Bytes of kernel memory charged to this process's BPF maps: the `memlock` of each map fd
+/// in `/proc/self/fdinfo` (what the kernel reports as the map's memory usage).
+fn maps_memory() -> u64 {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fdinfo") else { return 0 };
+    fds.filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .filter(|info| info.contains("map_type:"))
+        .filter_map(|info| info.lines().find_map(|l| l.strip_prefix("memlock:")?.trim().parse::<u64>().ok()))
+        .sum()
+}
+
+/// The kernel memory of a datapath's maps with 10,000 and 100,000 host rules, against the
+/// same with 10 rules, loaded one at a time (the difference in `maps_memory` that loading
+/// each makes).
+fn datapath_memory(report: &mut Report) {
+    let section = "kernel memory of the datapath's maps";
+    let mib = |bytes: u64| bytes as f64 / f64::from(1u32 << 20);
+    let loaded = |rules: u32| {
+        let before = maps_memory();
+        let dp = datapath_with(&host_rules(rules), ClassConfig::default());
+        let bytes = maps_memory() - before;
+        drop(dp);
+        bytes
+    };
+    let base = mib(loaded(10));
+    report.baseline(section, "10 host rules", base, "MiB");
+    for (name, rules) in [("10,000 host rules", 10_000), ("100,000 host rules", 100_000)] {
+        report.push(Row::ratio(section, name, mib(loaded(rules)), base, "MiB"));
     }
 }
 
@@ -325,6 +378,7 @@ fn main() {
     let mut report = Report::default();
     datapath_mix(&mut report, args.short);
     datapath_repeated(&mut report, args.short);
+    datapath_memory(&mut report);
     shaper_tests::bench::control_loop(&mut report, args.short);
     report.print();
     if let Err(e) = report.write(&args.out) {

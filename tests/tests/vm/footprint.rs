@@ -1,0 +1,91 @@
+//! A benchmark, not a test (`#[ignore]`: `cargo xtask bench --forwarding` runs it in the VM):
+//! shaperd's resident memory and its CPU time while no packet flows, with a few classes and
+//! rules, and with [`MANY_CLASSES`] classes and [`MANY_RULES`] host rules. Each is started in
+//! turn on the gateway's WAN interface and measured over [`IDLE_SECONDS`] once it answers
+//! (the control loop ticks all the while). Under QEMU's emulation CPU time is far above a
+//! real machine's: the ratio to the small configuration is the figure that means something.
+
+use std::{fmt::Write as _, thread::sleep, time::Duration};
+
+use serde_json::json;
+use shaper_common::MAX_CLASSES;
+use shaper_tests::gateway::require_fq;
+
+use super::topology;
+
+/// The large configuration's classes: all the datapath holds, less the default class's room.
+const MANY_CLASSES: usize = MAX_CLASSES as usize - 24;
+/// The large configuration's rules, one host each (`10.128.0.0` and on), spread over its
+/// classes.
+const MANY_RULES: usize = 100_000;
+const IDLE_SECONDS: u64 = 10;
+
+/// A configuration of `classes` leaf classes (the first the default) and `rules` host rules.
+fn config(classes: usize, rules: usize) -> String {
+    let mut text = String::from("[[interface]]\nname = \"wan0\"\nrate = \"1gbit\"\ndefault = \"c0\"\n\n");
+    for c in 0..classes {
+        write!(text, "[[class]]\nname = \"c{c}\"\nrate = \"100kbit\"\nceil = \"1gbit\"\n\n").expect("into a String");
+    }
+    for r in 0..rules {
+        let host = std::net::Ipv4Addr::from(0x0a80_0000 + u32::try_from(r).expect("rules fit in u32"));
+        write!(text, "[[rule]]\nclass = \"c{}\"\nsrc = \"{host}\"\n\n", r % classes).expect("into a String");
+    }
+    text
+}
+
+/// User and system CPU time of process `pid` so far, in clock ticks (`/proc/<pid>/stat`).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("shaperd's stat");
+    // After the command name's closing parenthesis: state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')').expect("a command name") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
+/// A `kB` line of `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in MiB.
+fn status_mib(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("shaperd's status");
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':')?.trim().strip_suffix("kB")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
+    kb / 1024.0
+}
+
+#[test]
+#[ignore = "a benchmark: cargo xtask bench --forwarding runs it in the VM"]
+fn shaperd_memory_and_idle_cpu_with_many_classes_and_rules() {
+    require_fq();
+    let topo = topology("shaper-vm-footprint", &["10.1.0.11"]);
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
+    let setups = [("4 classes, 10 rules", 4, 10), ("many", MANY_CLASSES, MANY_RULES)];
+    let mut figures = Vec::new();
+    for (name, classes, rules) in setups {
+        let daemon = topo.shaperd(&config(classes, rules));
+        let classes_up = topo.status_now().as_array().map_or(0, Vec::len);
+        assert_eq!(classes_up, classes, "{name}: classes shaperd reports");
+        sleep(Duration::from_secs(1));
+        let before = cpu_ticks(daemon.pid());
+        sleep(Duration::from_secs(IDLE_SECONDS));
+        let busy = (cpu_ticks(daemon.pid()) - before) as f64 / hz as f64 / IDLE_SECONDS as f64;
+        let (rss, peak) = (status_mib(daemon.pid(), "VmRSS"), status_mib(daemon.pid(), "VmHWM"));
+        figures.push((format!("{classes} classes, {rules} rules"), busy * 100.0, rss, peak));
+        drop(daemon);
+    }
+    println!("shaperd with no traffic, {IDLE_SECONDS} s after it answered (QEMU TCG, 2 vCPUs; ratios only)");
+    println!("{:<32} {:>14} {:>10} {:>10}", "", "CPU % of one", "RSS MiB", "peak MiB");
+    for (name, cpu, rss, peak) in &figures {
+        println!("{name:<32} {cpu:>14.2} {rss:>10.1} {peak:>10.1}");
+    }
+    let (small, many) = (&figures[0], &figures[1]);
+    println!("{} against {}: {:.2}x CPU, {:.2}x RSS", many.0, small.0, many.1 / small.1.max(0.01), many.2 / small.2);
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/vm/test-run/footprint.json");
+    let report: Vec<_> = figures
+        .iter()
+        .map(|(name, cpu, rss, peak)| json!({"setup": name, "cpu_percent": cpu, "rss_mib": rss, "peak_mib": peak}))
+        .collect();
+    if let Err(e) = std::fs::write(&out, serde_json::Value::from(report).to_string()) {
+        println!("not written: {}: {e}", out.display());
+    }
+}
