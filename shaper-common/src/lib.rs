@@ -476,7 +476,10 @@ pub struct Globals {
     pub generation: u32,
     /// [`RULES_PER_PACKET`].
     pub flags: u32,
-    pub _pad: u32,
+    /// Goes up by one each time shaperd takes the active classes ([`ActiveClasses`]): a
+    /// class's packet marks it only if its CPU has not marked it in this generation
+    /// (`ClassStats::marked`).
+    pub active_gen: u32,
 }
 
 impl Globals {
@@ -495,7 +498,7 @@ impl Globals {
     #[inline(always)]
     #[must_use]
     pub const fn unpacked(word: u64) -> Self {
-        Self { tuple_count: word as u32, bank: (word >> 32) as u32, epoch: 0, generation: 0, flags: 0, _pad: 0 }
+        Self { tuple_count: word as u32, bank: (word >> 32) as u32, epoch: 0, generation: 0, flags: 0, active_gen: 0 }
     }
 }
 
@@ -762,6 +765,9 @@ pub struct ClassStats {
     pub flow_misses: u64,
     /// Packets of sparse flows sent ahead of the class's queue (see the datapath's `sparse`).
     pub sparse_packets: u64,
+    /// The generation (`Globals::active_gen`, with bit 32 set so that a zeroed value is none)
+    /// in which this CPU last marked the class in `ACTIVE`: not a counter, and not summed.
+    pub marked: u64,
     /// Packets that reached a class with no rate set (passed unpaced).
     pub unpaced_packets: u64,
     /// Packets sent (segments for GSO packets) by added delay, see [`delay_bucket`].
@@ -818,9 +824,10 @@ const _: () = assert!(core::mem::size_of::<IfaceSlot>() == 40);
 pub const ACTIVE_WORDS: usize = (MAX_CLASSES as usize).div_ceil(64);
 
 /// The classes that counted a packet since shaperd last looked (`ACTIVE`, one value). The
-/// datapath sets a class's bit when it counts a packet there and finds it clear; each tick
-/// shaperd reads the bits, clears them, and reads the counters and clock of those classes
-/// only: a class without packets has neither counted nor moved its clock since.
+/// datapath sets a class's bit with the first packet a CPU counts there in a generation
+/// (`Globals::active_gen`); each tick shaperd reads the bits, clears them, moves the
+/// generation on, and reads the counters and clock of the marked classes only: a class
+/// without packets has neither counted nor moved its clock since.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ActiveClasses {
@@ -859,7 +866,7 @@ const _: () = assert!(core::mem::size_of::<RuleTarget>() == 8);
 const _: () = assert!(core::mem::size_of::<ClassConfig>() == 96);
 const _: () = assert!(core::mem::size_of::<HostState>() == 16);
 const _: () = assert!(core::mem::size_of::<ClassState>() == 64);
-const _: () = assert!(core::mem::size_of::<ClassStats>() == 144 + 8 * DELAY_BUCKETS);
+const _: () = assert!(core::mem::size_of::<ClassStats>() == 152 + 8 * DELAY_BUCKETS);
 
 /// `LAN_IFACES` value flags: the LAN-side interface has no link-layer header (as
 /// [`IFACE_L3`]).

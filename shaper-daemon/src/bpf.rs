@@ -967,7 +967,12 @@ impl Datapath {
     /// pass for.
     fn switch_rules(&mut self, rules: Globals, doing: &'static str) -> Result<(), BpfError> {
         let old = self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the rules' generation"))?;
-        let globals = Globals { generation: old.generation.wrapping_add(1), epoch: old.epoch, ..rules };
+        let globals = Globals {
+            generation: old.generation.wrapping_add(1),
+            epoch: old.epoch,
+            active_gen: old.active_gen,
+            ..rules
+        };
         if flow_cache_expires(globals.generation) {
             self.empty_flow_cache()?;
         }
@@ -1091,12 +1096,17 @@ impl Datapath {
     }
 
     /// The classes that counted a packet since the last call (see [`ActiveClasses`]), whose
-    /// bits are then cleared.
+    /// bits are then cleared; the next generation starts (each CPU marks a class again with
+    /// its first packet there). A class whose only packets came between the read and the
+    /// new generation is not marked again until it sends in the new one.
     pub fn take_active(&mut self) -> Result<ActiveClasses, BpfError> {
         let active = self.active.get(&0, 0).map_err(map_err(maps::ACTIVE, "reading the active classes"))?;
         self.active
             .set(0, ActiveClasses::default(), 0)
             .map_err(map_err(maps::ACTIVE, "clearing the active classes"))?;
+        let mut globals = self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the generation"))?;
+        globals.active_gen = globals.active_gen.wrapping_add(1);
+        self.globals.set(0, globals, 0).map_err(map_err(maps::GLOBALS, "starting a generation of marks"))?;
         Ok(active)
     }
 

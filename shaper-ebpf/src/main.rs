@@ -265,7 +265,7 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     // SAFETY: 16 bytes at an offset of the key that is a multiple of 8 (asserted below), in
     // a key aligned to 8.
     let host = unsafe { &*host.as_ptr().cast::<[u64; 2]>() };
-    Ok(shape(ctx, &Packet { class, rule_class, flow, hdr_len, ip, host, iface }))
+    Ok(shape(ctx, &Packet { class, rule_class, flow, hdr_len, ip, host, iface, active_gen: set.active_gen }))
 }
 
 /// The settings of interface `ifindex`: its slot's copy in `IFACE_SLOTS` if it holds the
@@ -304,6 +304,8 @@ struct Packet<'a> {
     host: &'a [u64; 2],
     /// The interface's settings: its per-packet overhead and its link clock.
     iface: &'a IfaceConfig,
+    /// `Globals::active_gen` as the packet found it.
+    active_gen: u32,
 }
 
 /// Takes `cost` ns on the link clock at `clock`; returns when the bytes paced before will
@@ -483,7 +485,12 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
     // SAFETY: per-CPU value: only this CPU writes it, and tc programs run with migration
     // disabled, so plain increments are not lost.
     let stats = unsafe { &mut *stats };
-    mark_active(class);
+    // Bit 32: a zeroed `marked` is no generation.
+    let generation = u64::from(p.active_gen) | (1 << 32);
+    if stats.marked != generation {
+        stats.marked = generation;
+        mark_active(u64::from(class));
+    }
     // SAFETY: the context pointer is valid for the whole program run.
     let gso_segs = unsafe { (*skb).gso_segs };
     let segs = u64::from(gso_segs.max(1));
@@ -626,10 +633,14 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
 }
 
 /// Sets class `class`'s bit in `ACTIVE` if it is clear: shaperd reads the class's counters
-/// at its next tick. A read of a line all CPUs share, and a write once a tick per class
-/// (shaperd clears the bits each tick).
-#[inline(always)]
-fn mark_active(class: u32) {
+/// at its next tick. Once a generation per class and CPU (see `ClassStats::marked`), so that
+/// a packet does not touch the line all CPUs share.
+///
+/// Not inlined, and the class a whole word: inlined, LLVM kept the class on the stack as 32
+/// bits between its bound check and its use, and Linux 6.1's verifier loses the bound of a
+/// value filled from a 32-bit spill (an "invalid access to map value").
+#[inline(never)]
+fn mark_active(class: u64) {
     let i = (class / 64) as usize;
     if i >= ACTIVE_WORDS {
         return;
