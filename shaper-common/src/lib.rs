@@ -846,13 +846,6 @@ impl ActiveClasses {
     pub fn has(&self, class: u32) -> bool {
         self.words.get(class as usize / 64).is_some_and(|w| w & (1 << (class % 64)) != 0)
     }
-
-    /// Sets class `class`'s bit (ids beyond [`MAX_CLASSES`] have none).
-    pub fn set(&mut self, class: u32) {
-        if let Some(w) = self.words.get_mut(class as usize / 64) {
-            *w |= 1 << (class % 64);
-        }
-    }
 }
 
 const _: () = assert!(IFACE_SLOTS.is_power_of_two());

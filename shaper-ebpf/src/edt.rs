@@ -28,9 +28,9 @@ pub unsafe fn fetch_add(dst: *mut u64, v: u64) -> u64 {
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(dst, v) }
 }
 
-/// Atomic or on a u64 (BPF_ATOMIC | BPF_OR).
+/// Atomic or on a u64 (BPF_ATOMIC | BPF_OR, without BPF_FETCH: the old value is not used).
 #[inline(always)]
-pub unsafe fn fetch_or(dst: *mut u64, v: u64) {
+pub unsafe fn or(dst: *mut u64, v: u64) {
     // SAFETY: forwarded to the caller.
     unsafe { atomic_or::<u64, u64, { AtomicOrdering::SeqCst }>(dst, v) };
 }

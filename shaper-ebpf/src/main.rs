@@ -651,10 +651,10 @@ fn mark_active(class: u64) {
     let word = unsafe { core::ptr::addr_of_mut!((*active).words).cast::<u64>().add(i) };
     let bit = 1u64 << (class % 64);
     // SAFETY: as above; shaperd may clear the word meanwhile (the bit is then set again by
-    // the class's next packet).
+    // the class's first packet of the next generation).
     if unsafe { core::ptr::read_volatile(word) } & bit == 0 {
         // SAFETY: as above.
-        unsafe { edt::fetch_or(word, bit) };
+        unsafe { edt::or(word, bit) };
     }
 }
 

@@ -75,6 +75,26 @@ fn topology(tag: &str, clients: &[&str]) -> Topology {
     Topology::new(tag, "lan0", "wan0", "10.1.0", clients)
 }
 
+/// Field `n` of the `stat` file at `path` (`/proc/<pid>/stat` or a thread's), numbered as in
+/// proc(5) from 1: counted after the command's closing parenthesis (the command, field 2,
+/// may hold spaces), whose next field is 3.
+fn proc_stat_field<T: std::str::FromStr>(path: &std::path::Path, n: usize) -> T {
+    let stat = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let fields = &stat[stat.rfind(')').expect("a command in parentheses") + 1..];
+    fields
+        .split_whitespace()
+        .nth(n - 3)
+        .and_then(|f| f.parse().ok())
+        .unwrap_or_else(|| panic!("field {n} of {}: {stat}", path.display()))
+}
+
+/// A field of /proc/<pid>/status (`field` with its colon, e.g. `VmRSS:`), kB.
+fn proc_status_kb(pid: u32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("reading the process's status");
+    let line = text.lines().find(|l| l.starts_with(field)).unwrap_or_else(|| panic!("no {field} in {text}"));
+    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+}
+
 /// An example configuration (`config/<file>`, its text `text`) with `edits` made: each
 /// `(from, to)` replaces text that must be there, so that a file edited since fails loudly
 /// rather than being tested as it is.

@@ -325,9 +325,9 @@ impl State {
         let columns = self.classes.iter().map(|c| c.id as usize + 1).max().unwrap_or(0);
         self.histories.start_row(mono, columns);
         // Only the classes that counted a packet since the last tick are read: the others'
-        // counters and clocks are as last read. A class whose only packets since came
-        // between the read of the bits and their clearing (a microsecond) is read in a sweep
-        // that reads every class once every `SWEEP_TICKS` ticks, if not sooner.
+        // counters and clocks are as last read. A class whose only packets came between the
+        // read of the marks and the new generation (`Datapath::take_active`) is read in a
+        // sweep that reads every class once every `SWEEP_TICKS` ticks, if not sooner.
         let active = self.datapath.take_active()?;
         self.ticks = self.ticks.wrapping_add(1);
         let ticks = self.ticks;

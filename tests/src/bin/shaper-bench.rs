@@ -253,44 +253,49 @@ fn datapath_mix(report: &mut Report, short: bool) {
     ];
     let mut empty = datapath_with(&[], plain);
     let pass = empty.pass_program().expect("loading the baseline program");
-    // A pass that warms the maps up, then the measured ones, each running every row in turn
-    // (the baseline too), so that whatever else the machine does is spread over all.
-    for r in &mut rows {
+    let base = measure(&mut rows, pass, &ten_thousand_hosts, passes);
+    report.baseline(section, "empty tc program, one packet per run", base, "ns/packet");
+    push_rows(report, section, rows, base, "");
+    // 100,000 host rules in passes of their own, each next to the empty program (its own
+    // baseline): its tables are the largest, and would leave the rows run after it colder.
+    let mut big =
+        vec![row("100,000 host rules", datapath_with(&host_rules(100_000), plain), &hundred_thousand_hosts, None)];
+    let own_base = measure(&mut big, pass, &hundred_thousand_hosts, passes);
+    push_rows(report, section, big, own_base, &format!("; empty program {own_base:.1} ns in its passes"));
+}
+
+/// Runs a pass of the mix that warms the maps up, then `passes` measured ones, each running
+/// the empty program `pass` on `baseline_mix` and every row in turn, so that whatever else
+/// the machine does is spread over all. Returns the baseline's median ns per packet; the
+/// rows keep their samples.
+fn measure(rows: &mut [MixRow], pass: &aya::programs::SchedClassifier, baseline_mix: &Mix, passes: usize) -> f64 {
+    for r in rows.iter_mut() {
         run_mix(r.dp.program(), r.mix);
         r.before = all_stats(&r.dp);
     }
     let mut baseline = Vec::new();
     for _ in 0..passes {
-        baseline.push(run_mix(pass, &ten_thousand_hosts));
-        for r in &mut rows {
+        baseline.push(run_mix(pass, baseline_mix));
+        for r in rows.iter_mut() {
             let ns = run_mix(r.dp.program(), r.mix);
             r.samples.push(ns);
         }
     }
-    let base = median(&mut baseline);
-    report.baseline(section, "empty tc program, one packet per run", base, "ns/packet");
-    for r in &mut rows {
-        let row = Row::ratio(section, r.name, median(&mut r.samples), base, "ns/packet")
-            .note(misses_note(misses_since(&r.dp, &r.before)));
+    median(&mut baseline)
+}
+
+/// Reports each row's median against `base`, with its flow-cache misses (and `note` after
+/// them), its goal and its bound.
+fn push_rows(report: &mut Report, section: &str, rows: Vec<MixRow>, base: f64, note: &str) {
+    for mut r in rows {
+        let misses = misses_note(misses_since(&r.dp, &r.before));
+        let row =
+            Row::ratio(section, r.name, median(&mut r.samples), base, "ns/packet").note(format!("{misses}{note}"));
         report.push(match r.goal {
             Some((goal, bound)) => row.goal(goal).bound(bound),
             None => row,
         });
     }
-    // 100,000 host rules in passes of their own, each next to the empty program (its own
-    // baseline): its tables are the largest, and would leave the rows run after it colder.
-    drop(rows);
-    let big = datapath_with(&host_rules(100_000), plain);
-    run_mix(big.program(), &hundred_thousand_hosts);
-    let before = all_stats(&big);
-    let (mut own_base, mut samples) = (Vec::new(), Vec::new());
-    for _ in 0..passes {
-        own_base.push(run_mix(pass, &hundred_thousand_hosts));
-        samples.push(run_mix(big.program(), &hundred_thousand_hosts));
-    }
-    let own_base = median(&mut own_base);
-    let note = format!("{}; empty program {own_base:.1} ns in its passes", misses_note(misses_since(&big, &before)));
-    report.push(Row::ratio(section, "100,000 host rules", median(&mut samples), own_base, "ns/packet").note(note));
 }
 
 /// The share of the packets `dp` ran since its counters were `before` that missed its flow

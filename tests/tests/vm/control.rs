@@ -31,7 +31,7 @@ use shaper_tests::{
     gateway::{monotonic_secs, receiver_intervals, require_fq, sleep_until, wire_rate, Topology},
 };
 
-use super::topology;
+use super::{proc_stat_field, proc_status_kb, topology};
 
 /// One class shaped to 4 mbit/s for the flow; the metrics port at its default, 127.0.0.1:9640
 /// in the gateway's namespace; the default 10 ms tick.
@@ -399,19 +399,9 @@ fn control_thread_sched(pid: u32) -> (u64, u64) {
     (v[0], v[1])
 }
 
-/// The nice value of shaperd's control thread (field 19 of its stat; the fields after the
-/// command's closing parenthesis start at 3).
+/// The nice value of shaperd's control thread (field 19 of its stat).
 fn control_thread_nice(pid: u32) -> i64 {
-    let stat = std::fs::read_to_string(control_thread(pid).join("stat")).expect("reading the thread's stat");
-    let fields = &stat[stat.rfind(')').expect("a command in parentheses") + 1..];
-    fields.split_whitespace().nth(19 - 3).and_then(|n| n.parse().ok()).expect("a nice value")
-}
-
-/// A field of /proc/<pid>/status, kB.
-fn proc_status_kb(pid: u32, field: &str) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("reading shaperd's status");
-    let line = text.lines().find(|l| l.starts_with(field)).unwrap_or_else(|| panic!("no {field} in {text}"));
-    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+    proc_stat_field(&control_thread(pid).join("stat"), 19)
 }
 
 /// Runs every client of the storm at once until `until` (`CLOCK_MONOTONIC` s); returns what

@@ -11,7 +11,7 @@ use serde_json::json;
 use shaper_common::MAX_CLASSES;
 use shaper_tests::gateway::require_fq;
 
-use super::topology;
+use super::{proc_stat_field, proc_status_kb, topology};
 
 /// The large configuration's classes: all the datapath holds, less the default class's room.
 const MANY_CLASSES: usize = MAX_CLASSES as usize - 24;
@@ -33,23 +33,16 @@ fn config(classes: usize, rules: usize) -> String {
     text
 }
 
-/// User and system CPU time of process `pid` so far, in clock ticks (`/proc/<pid>/stat`).
+/// User and system CPU time of process `pid` so far, in clock ticks (fields 14 and 15 of
+/// `/proc/<pid>/stat`).
 fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("shaperd's stat");
-    // After the command name's closing parenthesis: state is field 3, utime 14, stime 15.
-    let rest = &stat[stat.rfind(')').expect("a command name") + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+    let stat = std::path::PathBuf::from(format!("/proc/{pid}/stat"));
+    proc_stat_field::<u64>(&stat, 14) + proc_stat_field::<u64>(&stat, 15)
 }
 
-/// A `kB` line of `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in MiB.
+/// A `kB` field of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`), in MiB.
 fn status_mib(pid: u32, field: &str) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("shaperd's status");
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':')?.trim().strip_suffix("kB")?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
-    kb / 1024.0
+    proc_status_kb(pid, field) as f64 / 1024.0
 }
 
 #[test]
@@ -69,7 +62,7 @@ fn shaperd_memory_and_idle_cpu_with_many_classes_and_rules() {
         let before = cpu_ticks(daemon.pid());
         sleep(Duration::from_secs(IDLE_SECONDS));
         let busy = (cpu_ticks(daemon.pid()) - before) as f64 / hz as f64 / IDLE_SECONDS as f64;
-        let (rss, peak) = (status_mib(daemon.pid(), "VmRSS"), status_mib(daemon.pid(), "VmHWM"));
+        let (rss, peak) = (status_mib(daemon.pid(), "VmRSS:"), status_mib(daemon.pid(), "VmHWM:"));
         figures.push((format!("{classes} classes, {rules} rules"), busy * 100.0, rss, peak));
         drop(daemon);
     }
