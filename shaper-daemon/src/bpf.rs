@@ -994,14 +994,6 @@ impl Datapath {
         self.flows.get(&slot, 0).map_err(map_err(maps::FLOWS, format!("reading slot {slot}")))
     }
 
-    /// Starts a new epoch: the datapath counts each host of a class once per epoch
-    /// (`ClassStats::hosts_near`, `hosts_over`). Called once per tick.
-    pub fn next_epoch(&mut self) -> Result<(), BpfError> {
-        let mut globals = self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the epoch"))?;
-        globals.epoch = globals.epoch.wrapping_add(1);
-        self.globals.set(0, globals, 0).map_err(map_err(maps::GLOBALS, "starting a new epoch"))
-    }
-
     /// The ports with interval ids in each rule bank, if known: for the next process that
     /// takes the pinned maps over ([`Self::assume_bank_ports`]).
     #[must_use]
@@ -1095,18 +1087,21 @@ impl Datapath {
         self.class_state.get(&class, 0).map_err(map_err(maps::CLASS_STATE, format!("reading class {class}")))
     }
 
-    /// The classes that counted a packet since the last call (see [`ActiveClasses`]), whose
-    /// bits are then cleared; the next generation starts (each CPU marks a class again with
-    /// its first packet there). A class whose only packets came between the read and the
-    /// new generation is not marked again until it sends in the new one.
-    pub fn take_active(&mut self) -> Result<ActiveClasses, BpfError> {
+    /// Starts a tick: returns the classes that counted a packet since the last call (see
+    /// [`ActiveClasses`]) and clears their bits; then starts, in one write of `GLOBALS`, the
+    /// next generation of marks (each CPU marks a class again with its first packet there)
+    /// and the next epoch (the datapath counts each host of a class once per epoch:
+    /// `ClassStats::hosts_near`, `hosts_over`). A class whose only packets came between the
+    /// read and the new generation is not marked again until it sends in the new one.
+    pub fn start_tick(&mut self) -> Result<ActiveClasses, BpfError> {
         let active = self.active.get(&0, 0).map_err(map_err(maps::ACTIVE, "reading the active classes"))?;
         self.active
             .set(0, ActiveClasses::default(), 0)
             .map_err(map_err(maps::ACTIVE, "clearing the active classes"))?;
         let mut globals = self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the generation"))?;
         globals.active_gen = globals.active_gen.wrapping_add(1);
-        self.globals.set(0, globals, 0).map_err(map_err(maps::GLOBALS, "starting a generation of marks"))?;
+        globals.epoch = globals.epoch.wrapping_add(1);
+        self.globals.set(0, globals, 0).map_err(map_err(maps::GLOBALS, "starting a generation and an epoch"))?;
         Ok(active)
     }
 

@@ -332,6 +332,11 @@ fn hosts_over_their_share_get_the_congestion_signals() {
     let s = dp.class_stats(DEFAULT).unwrap();
     assert!(dropped > 0 && s.drop_share_packets == dropped as u64, "{dropped} dropped, {s:?}");
     assert_eq!(s.drop_share_bytes, 1000 * dropped as u64);
+    // Each of shaperd's ticks starts an epoch: the light host counts again.
+    dp.start_tick().unwrap();
+    run(&dp, &ect0(light, 2000), ctx, 1);
+    let t = dp.class_stats(DEFAULT).unwrap();
+    assert_eq!(t.hosts_near + t.hosts_over, s.hosts_near + s.hosts_over + 1, "{t:?}");
 }
 
 #[test]
@@ -725,16 +730,16 @@ fn a_class_that_counts_a_packet_is_marked_active_until_the_marks_are_taken() {
     let mut dp = datapath(&[RuleSpec { src: Some("10.0.0.7/32".parse().unwrap()), ..RuleSpec::new(0, 3) }]);
     dp.set_class(3, ClassConfig { rate_bytes: 1_000_000, horizon_ns: SECOND, ..ClassConfig::default() }).unwrap();
     let marked = |a: &shaper_common::ActiveClasses| (0..=DEFAULT).filter(|&c| a.has(c)).collect::<Vec<_>>();
-    assert_eq!(marked(&dp.take_active().unwrap()), Vec::<u32>::new());
+    assert_eq!(marked(&dp.start_tick().unwrap()), Vec::<u32>::new());
     for src in [[10, 0, 0, 7], [10, 0, 0, 8], [10, 0, 0, 7]] {
         assert_eq!(run(&dp, &v4(src, [2, 2, 2, 2], TCP), SkbCtx::default(), 1).action, TC_ACT_OK);
     }
     // Class 3 paced, the default class unpaced: both counted, both marked.
     assert_eq!((dp.class_stats(3).unwrap().packets, dp.class_stats(DEFAULT).unwrap().packets), (2, 1));
-    assert_eq!(marked(&dp.take_active().unwrap()), vec![3, DEFAULT]);
-    assert_eq!(marked(&dp.take_active().unwrap()), Vec::<u32>::new(), "taken: cleared");
+    assert_eq!(marked(&dp.start_tick().unwrap()), vec![3, DEFAULT]);
+    assert_eq!(marked(&dp.start_tick().unwrap()), Vec::<u32>::new(), "taken: cleared");
     run(&dp, &v4([10, 0, 0, 7], [2, 2, 2, 2], TCP), SkbCtx::default(), 1);
-    assert_eq!(marked(&dp.take_active().unwrap()), vec![3]);
+    assert_eq!(marked(&dp.start_tick().unwrap()), vec![3]);
 }
 
 #[test]

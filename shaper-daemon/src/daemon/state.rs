@@ -326,9 +326,10 @@ impl State {
         self.histories.start_row(mono, columns);
         // Only the classes that counted a packet since the last tick are read: the others'
         // counters and clocks are as last read. A class whose only packets came between the
-        // read of the marks and the new generation (`Datapath::take_active`) is read in a
-        // sweep that reads every class once every `SWEEP_TICKS` ticks, if not sooner.
-        let active = self.datapath.take_active()?;
+        // read of the marks and the new generation (`Datapath::start_tick`, which starts the
+        // isolation's epoch too) is read in a sweep that reads every class once every
+        // `SWEEP_TICKS` ticks, if not sooner.
+        let active = self.datapath.start_tick()?;
         self.ticks = self.ticks.wrapping_add(1);
         let ticks = self.ticks;
         let sweep = |id: u32| (u64::from(id) + ticks).is_multiple_of(SWEEP_TICKS);
@@ -411,7 +412,6 @@ impl State {
                 }
             }
         }
-        self.datapath.next_epoch()?;
         Ok(())
     }
 
