@@ -509,6 +509,9 @@ impl Links {
                 return;
             }
         };
+        // Where the time went, should a re-attachment be slow: ms since the event when fq was
+        // in place, and when the program was attached.
+        let fq_ms = millis(at);
         // The interface that has the name now, should it have changed since it was looked up.
         let index = guard.ifindex();
         let attached = {
@@ -528,6 +531,7 @@ impl Links {
             }
             result
         };
+        let attached_ms = millis(at);
         match attached {
             Ok(mode) => {
                 self.installed.lock().await.add_fq(guard);
@@ -538,7 +542,7 @@ impl Links {
                 s.seen = seen;
                 self.shared.metrics.set_interface_attached(&s.label, true);
                 self.shared.metrics.count_reattachment(&s.label);
-                info!(interface = %name, ifindex = index, ?mode, took_ms = millis(at), "re-attached");
+                info!(interface = %name, ifindex = index, ?mode, took_ms = millis(at), fq_ms, attached_ms, "re-attached");
             }
             Err(e) => {
                 error!(interface = %name, ifindex = index, error = %ErrorChain(&*e), "shaping not resumed; tried again on the interface's next link event");
