@@ -889,7 +889,7 @@ fn small_packets_fill_the_link() {
     // kept the emulated CPUs 95 % busy with the gateway's work: iperf3 itself then sent 5.5
     // to 22 mbit/s, and what was measured was the emulator. At twice the link they were still
     // 78-87 % busy on a slower host: iperf3 sent 9.9-15.8 mbit/s, in bursts after stalls of
-    // the emulated CPUs long enough to empty the best-effort queue (through HTB too: 9.62-9.80
+    // the emulated CPUs long enough to empty the best-effort queue (through HTB too: 9.62-9.79
     // mbit/s of link use in those runs, shaper 9.13-9.67).
     let frames = |fps: f64, frame: usize| Source::UdpAt { wire: fps * frame as f64 * 8.0, payload: frame - 42 };
     let flows = [
