@@ -1098,7 +1098,8 @@ impl Datapath {
         self.active
             .set(0, ActiveClasses::default(), 0)
             .map_err(map_err(maps::ACTIVE, "clearing the active classes"))?;
-        let mut globals = self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the generation"))?;
+        let mut globals =
+            self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the generation and the epoch"))?;
         globals.active_gen = globals.active_gen.wrapping_add(1);
         globals.epoch = globals.epoch.wrapping_add(1);
         self.globals.set(0, globals, 0).map_err(map_err(maps::GLOBALS, "starting a generation and an epoch"))?;

@@ -549,9 +549,9 @@ fn the_control_plane_under_load_answers_every_good_request_and_shaping_keeps_its
     }
     // The class's rate is its ceiling, which no tick changes: what moves the flow is the CPU
     // time its ends and the gateway's softirqs get among the storm's ~200 threads. Measured
-    // over the storm: -0.05 % in CI runs on a faster host; on one that ran the whole suite
-    // 30 % slower, -3.95 % in CI, and -3.46 % in a run of the suite here with the flow's ends
-    // at nice -5 (+0.05 % with them so, the test run alone).
+    // over the storm: -0.05 % in CI runs on a faster host. On a host that ran the whole suite
+    // 30 % slower: -3.95 % in CI; with the flow's ends at nice -5, -3.46 % in a run of the
+    // whole suite and +0.05 % with the test run alone.
     if (during / before - 1.0).abs() > 0.05 || (during / RATE - 1.0).abs() > 0.05 {
         failures.push(format!("the flow ran at {:.3} mbit/s, {:.3} before the storm", during / 1e6, before / 1e6));
     }
