@@ -149,6 +149,14 @@ fn fq_limits_shown(topo: &Topology) -> (u32, u32) {
     (after(" limit "), after("flow_limit "))
 }
 
+/// The packets the root fq dropped, as `tc -s` shows them.
+fn fq_dropped(topo: &Topology) -> u64 {
+    let out = topo.gw.sh(&["tc", "-s", "qdisc", "show", "dev", "wan0", "root"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rest = text.split("(dropped ").nth(1).unwrap_or_else(|| panic!("no drop count in {text}"));
+    rest.split(',').next().and_then(|n| n.trim().parse().ok()).unwrap_or_else(|| panic!("{text}"))
+}
+
 /// fq's limits are sized for what the classes may reach (the link's rate over the longest
 /// horizon), not for their ceilings at start: a class raised from 2 to 40 mbit/s at runtime
 /// used to find fq holding 1,000 packets per flow, fq dropped packets that had departure
@@ -193,9 +201,16 @@ fn fq_holds_what_a_class_raised_at_runtime_queues() {
     drop(server);
     // The queue takes the horizon to fill: measure after it.
     let rate = goodput(&intervals, 3.0, 9.0) * WIRE_PER_UDP_GOODPUT;
-    println!("c raised from 2 to 40 mbit/s, flooded at 50: {:.2} mbit/s", rate / 1e6);
+    let dropped = fq_dropped(&topo);
+    println!("c raised from 2 to 40 mbit/s, flooded at 50: {:.2} mbit/s; fq dropped {dropped} packets", rate / 1e6);
     topo.print_class_counters();
-    assert!((rate / 40e6 - 1.0).abs() <= 0.03, "c carried {:.2} mbit/s, not 40 (±3 %)", rate / 1e6);
+    // What the limits are for: fq keeps every packet the class gave a departure time.
+    assert_eq!(dropped, 0, "fq dropped packets that had their departure times");
+    // And the class runs at its rate. Within 5 %: iperf3's 4,250 datagrams a second under
+    // TCG come in stalls that a class clock cannot make up for (38.47 and 38.85 mbit/s in
+    // two runs on a slow host, with fq dropping nothing; with the limits too small it ran
+    // far below).
+    assert!((rate / 40e6 - 1.0).abs() <= 0.05, "c carried {:.2} mbit/s, not 40 (±5 %)", rate / 1e6);
 
     // A reload that doubles the longest horizon resizes fq in place, and says so.
     std::fs::write(topo.dir.join("shaper.toml"), RAISED_CONFIG.replace("500ms", "1s")).unwrap();
