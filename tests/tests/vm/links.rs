@@ -34,13 +34,13 @@ fn attached(topo: &Topology, iface: &str) -> bool {
     egress_filters(topo, iface) == 1
 }
 
-/// Polls until wan0 is shaped; returns how long it took from `since`, or `None` after 3 s.
+/// Polls until wan0 is shaped; returns how long it took from `since`, or `None` after 5 s.
 fn wait_until_shaped(topo: &Topology, since: Instant) -> Option<Duration> {
     loop {
         if shaped(topo) {
             return Some(since.elapsed());
         }
-        if since.elapsed() > Duration::from_secs(3) {
+        if since.elapsed() > Duration::from_secs(5) {
             return None;
         }
         sleep(Duration::from_millis(10));
@@ -122,6 +122,24 @@ fn check_cost(topo: &Topology) -> Duration {
     start.elapsed()
 }
 
+/// old0's root qdiscs and whether the program is attached there, once shaperd has given it
+/// back or after 3 s. (A single look 300 ms after the rename found shaper's fq and clsact
+/// still there once the test's own commands had become faster; shaperd logged the
+/// suspension a moment later.)
+fn old0_given_back(topo: &Topology) -> (String, bool) {
+    let renamed_at = Instant::now();
+    loop {
+        let old = String::from_utf8_lossy(&topo.gw.sh(&["tc", "qdisc", "show", "dev", "old0"]).stdout).into_owned();
+        let old_attached = attached(topo, "old0");
+        let given_back = !old.contains("5a1f:") && !old.contains("clsact") && !old_attached;
+        if given_back || renamed_at.elapsed() > Duration::from_secs(3) {
+            println!("  old0 given back after {:.0} ms: {given_back}", renamed_at.elapsed().as_secs_f64() * 1e3);
+            return (old, old_attached);
+        }
+        sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn interfaces_that_come_and_go_are_shaped_again_within_a_second() {
     require_fq();
@@ -158,20 +176,7 @@ fn interfaces_that_come_and_go_are_shaped_again_within_a_second() {
     let check = check_cost(&topo);
     topo.gw.sh(&["ip", "link", "set", "wan0", "down"]);
     topo.gw.sh(&["ip", "link", "set", "wan0", "name", "old0"]);
-    // Given back within 3 s. (A single look 300 ms after the rename found shaper's fq and
-    // clsact still there once the test's own commands had become faster; shaperd logged the
-    // suspension a moment later.)
-    let renamed_at = Instant::now();
-    let (old, old_attached) = loop {
-        let old = String::from_utf8_lossy(&topo.gw.sh(&["tc", "qdisc", "show", "dev", "old0"]).stdout).into_owned();
-        let old_attached = attached(&topo, "old0");
-        let given_back = !old.contains("5a1f:") && !old.contains("clsact") && !old_attached;
-        if given_back || renamed_at.elapsed() > Duration::from_secs(3) {
-            println!("  old0 given back after {:.0} ms: {given_back}", renamed_at.elapsed().as_secs_f64() * 1e3);
-            break (old, old_attached);
-        }
-        sleep(Duration::from_millis(50));
-    };
+    let (old, old_attached) = old0_given_back(&topo);
     topo.gw.sh(&["ip", "link", "del", "old0"]);
     new_veth(&topo, "tmp0");
     let renamed = Instant::now();
@@ -213,11 +218,13 @@ fn interfaces_that_come_and_go_are_shaped_again_within_a_second() {
         println!("  log: {line}");
     }
     for p in &phases {
-        let took = p.took.unwrap_or_else(|| panic!("{}: wan0 not shaped again within 3 s\n{log}", p.what));
-        // Within a second, beyond what a check itself takes (shaperd's own time is in its log:
-        // `took_ms`, tens of ms).
+        let took = p.took.unwrap_or_else(|| panic!("{}: wan0 not shaped again within 5 s\n{log}", p.what));
+        // Within a second, beyond what checks take: a check that began just before shaperd
+        // was done says so only at the next one, so two (shaperd's own time is in its log:
+        // `took_ms`, asserted below). On 6.12 on a slow host, after (b): 2,808 ms, shaperd's
+        // own 1,238, a check 1,139.
         assert!(
-            took < Duration::from_secs(1) + p.check,
+            took < Duration::from_secs(1) + 2 * p.check,
             "{}: shaped again only after {took:?} (a check takes {:?})",
             p.what,
             p.check
