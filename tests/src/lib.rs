@@ -306,7 +306,7 @@ impl Netns {
     /// under TCG that is most of a command's time. Other commands (one that reads /sys) get
     /// all of it.
     pub fn sh(&self, args: &[&str]) -> Output {
-        let net = format!("--net=/run/netns/{}", self.name);
+        let net = self.net_option();
         let full: Vec<&str> = match args {
             [tool @ ("ip" | "tc"), rest @ ..] => {
                 [*tool, "-n", &self.name].into_iter().chain(rest.iter().copied()).collect()
@@ -344,8 +344,13 @@ impl Netns {
     #[must_use]
     pub fn command_net_only(&self, program: &str) -> Command {
         let mut c = Command::new("nsenter");
-        c.arg(format!("--net=/run/netns/{}", self.name)).arg(program);
+        c.arg(self.net_option()).arg(program);
         c
+    }
+
+    /// nsenter's option for the namespace's network.
+    fn net_option(&self) -> String {
+        format!("--net=/run/netns/{}", self.name)
     }
 
     /// A command to run inside the namespace.

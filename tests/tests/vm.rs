@@ -798,14 +798,12 @@ fn seed_000_timeline_alex_alone_then_the_guest_joins() {
     // from losses for half a second (3.05 mbit/s), alex borrowed what it left (4.24, as HTB
     // lends), and alex's mean over 7 s came to 2.07.
     let median_rate = |intervals: &[Interval], from: f64, to: f64| {
-        let mut v: Vec<f64> = intervals
+        let rates: Vec<f64> = intervals
             .iter()
             .filter(|i| i.start >= from && i.end <= to)
             .map(|i| i.bits_per_second * WIRE_PER_GOODPUT)
             .collect();
-        assert!(!v.is_empty(), "no intervals in [{from}, {to}]");
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
+        sharing::quantile(&rates, 0.5)
     };
     let shared_alex = median_rate(&alex, join_offset + 2.0, 19.0);
     let shared_guest = median_rate(&guest, 2.0, 9.0);

@@ -153,6 +153,14 @@ fn run(system: System, tag: &str) -> Vec<Vec<Got>> {
     steps
 }
 
+/// The least a rate `expected` within 3 % may be, or 98 % of what HTB + `fq_codel` carried
+/// (`htb`) in the same VM if that is less: on a VM whose emulated CPUs fall behind, HTB
+/// falls short too, and what is asserted then is that shaper carries nearly what HTB does
+/// (as `sharing`'s link floor).
+fn floor_near_htb(expected: f64, htb: f64) -> f64 {
+    (expected * 0.97).min(htb * 0.98)
+}
+
 #[test]
 fn seed_002_classes_keep_their_throughput_under_udp_overload() {
     require_fq();
@@ -201,11 +209,10 @@ fn seed_002_classes_keep_their_throughput_under_udp_overload() {
                 ));
             }
         }
-        // Within 3 % of 8, or at least 98 % of what HTB + fq_codel carried in the same VM
-        // if that is less: on a slow host HTB's best effort too ran at 7.79-7.86 Mbit/s
-        // (shaper's 7.69-7.72) as the emulated CPUs fell behind the floods.
+        // On a slow host HTB's best effort too ran at 7.79-7.86 Mbit/s (shaper's 7.69-7.72)
+        // as the emulated CPUs fell behind the floods.
         let best_effort = ours[k][3].rate;
-        let floor = (8e6_f64 * 0.97).min(htb[k][3].rate * 0.98);
+        let floor = floor_near_htb(8e6, htb[k][3].rate);
         if best_effort < floor || best_effort > 8e6 * 1.03 {
             failures.push(format!(
                 "best effort at {offered} Mbit/s got {:.3} Mbit/s, not its class's 8 (HTB: {:.3}; floor {:.3})",
@@ -598,10 +605,9 @@ fn seed_004_ceilings_ports_and_marks_as_the_lab_measured() {
                 h / 1e6,
                 o / 1e6
             );
-            // Within 3 %, or at least 98 % of HTB + fq_codel's in the same VM if that is
-            // less: one TCP flow at 8 Mbit/s under TCG on a slow host ran at 7.49-7.97 through
-            // HTB, and shaper's at 7.69 (port 5004) in the same run.
-            let floor = (expected * 0.97).min(h * 0.98);
+            // One TCP flow at 8 Mbit/s under TCG on a slow host ran at 7.49-7.97 through HTB,
+            // and shaper's at 7.69 (port 5004) in the same run.
+            let floor = floor_near_htb(expected, h);
             if o < floor || o > expected * 1.03 {
                 failures.push(format!(
                     "port {port} {phase}: {:.3} Mbit/s, not {:.3} (±3 %, or down to 98 % of HTB's {:.3}: floor {:.3})",

@@ -502,7 +502,7 @@ fn check_shares_within(
 }
 
 /// The nearest-rank `q` quantile of `v` (sorted here).
-fn quantile(v: &[f64], q: f64) -> f64 {
+pub(crate) fn quantile(v: &[f64], q: f64) -> f64 {
     assert!(!v.is_empty(), "no samples");
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
