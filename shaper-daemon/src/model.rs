@@ -98,6 +98,8 @@ pub struct Run {
     pub departures: Vec<(u64, usize, u32)>,
     /// Pacing rates (bits/s) per tick, per class.
     pub pacing: Vec<Vec<u64>>,
+    /// Allocations (bits/s) per tick, per class.
+    pub allocation: Vec<Vec<u64>>,
 }
 
 impl Run {
@@ -273,7 +275,7 @@ pub fn simulate_with_headroom(
         .collect();
     let mut flows: HashMap<(usize, u32), u64> = HashMap::new();
     let mut link_clock = LinkClock { next: 0, hold: 0, bytes_per_sec: link / 100 * (100 + LINK_SLACK_PERCENT) / 8 };
-    let mut run = Run { classes: classes.to_vec(), departures: Vec::new(), pacing: Vec::new() };
+    let mut run = Run { classes: classes.to_vec(), departures: Vec::new(), pacing: Vec::new(), allocation: Vec::new() };
     let mut pacer = Pacer::default();
     let mut histories = Histories::new();
     let mut next_tick = tick;
@@ -307,8 +309,7 @@ pub fn simulate_with_headroom(
                     c,
                     &Observation { now_ns: now, counters: s.counters, backlog_ns, pacing: s.rate * 8 },
                 );
-                leaves[c + 1] =
-                    Leaf { demand: e.demand, limited: e.limited, lately_limited: e.lately_limited, backlog_ns };
+                leaves[c + 1] = Leaf::new(&e, backlog_ns);
             }
             let rates = pacer.tick(&tree, &leaves, now);
             for (c, s) in st.iter_mut().enumerate() {
@@ -316,6 +317,7 @@ pub fn simulate_with_headroom(
                 s.mode = rates.mode[c + 1];
             }
             run.pacing.push(st.iter().map(|s| s.rate * 8).collect());
+            run.allocation.push(rates.allocation[1..].to_vec());
         }
     }
     run
@@ -538,14 +540,14 @@ mod tests {
     #[test]
     fn a_jittery_stream_is_not_taken_for_a_greedy_one() {
         let jittery = Source::Jittery { bits: 2 * MBIT, stall_ns: 20 * MS, period_ns: 200 * MS };
-        // What the stream is allocated while it stalls (10 % of the time) cannot be lent
-        // before the next tick sees it: alex gets the rest.
-        let alex = 10 * MBIT - 2_040_000 - 204_000;
+        // What the stream is allocated and does not send while it stalls (10 % of the time)
+        // is lent: alex gets all but the stream and its headroom.
+        let alex = 10 * MBIT - 2_040_000;
         let run = check(&roommates([GREEDY, Source::Idle, Source::Idle, jittery]), &[alex, 0, 0, 2 * MBIT]);
         let (median, _, max) = run.pacing_changes(0, 300, 600);
         assert!(median < 20, "alex's pacing moves by {max} per mille at most, median {median}");
-        let most = run.pacing[300..600].iter().map(|p| p[3]).max().unwrap_or(0);
-        assert!(most < 3 * MBIT, "the stream was paced at up to {most}");
+        let most = run.allocation[300..600].iter().map(|p| p[3]).max().unwrap_or(0);
+        assert!(most < 3 * MBIT, "the stream was allocated up to {most}");
     }
 
     /// An on/off sender (4 mbit/s for a second in two) next to a greedy class and a steady
@@ -665,6 +667,27 @@ mod tests {
             .map(|d| u64::from(d.2))
             .sum();
         assert!(bytes * 8 * 20 >= 7 * MBIT, "{bytes} bytes in the guest's first 50 ms");
+    }
+
+    /// Seed 001: a download (bulk, 200 kbit/s, prio 1) and page fetches (browsing, 700
+    /// kbit/s, prio 0: 16 KB every 400 ms) on a 900 kbit/s line. Between its pages browsing's
+    /// allocation is lent to the download, not to browsing itself (limited a moment ago, by
+    /// its prio first in line, but silent): 0.51 mbit/s for the download before, 0.52 now.
+    /// HTB gives it 0.57: what is left is each page's start, while the download waits behind
+    /// the whole page (the link clock's hold, `pacing`), not only its first tick. Bounded
+    /// here, not fixed (the README's Limits).
+    #[test]
+    fn what_a_class_leaves_unused_between_its_writes_is_lent() {
+        let pages = Source::Bursts { burst: 16_384, period_ns: 400 * MS };
+        let classes = vec![
+            ClassSpec { rate: 200_000, ceil: 900_000, prio: 1, source: GREEDY },
+            ClassSpec { rate: 700_000, ceil: 900_000, prio: 0, source: pages },
+        ];
+        let run = simulate(900_000, &classes, 8 * SECOND, TICK, HORIZON);
+        let got = run.rates(2 * SECOND, 8 * SECOND);
+        let htb = reference(900_000, &classes, &[u64::MAX, 16_384 * 8 * 10 / 4]);
+        assert!(got[1].abs_diff(htb[1]) <= htb[1] / 50, "browsing {:?} (HTB {:?})", mbit(&got), mbit(&htb));
+        assert!(got[0] >= htb[0] * 90 / 100, "download {:?} (HTB {:?})", mbit(&got), mbit(&htb));
     }
 
     #[test]

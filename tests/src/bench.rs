@@ -227,8 +227,7 @@ fn tick_ns(leaves: usize, ticks: usize) -> f64 {
                 i,
                 &Observation { now_ns: now, counters: *c, backlog_ns: backlog, pacing: pacing[i] },
             );
-            leaf[i] =
-                Leaf { demand: e.demand, limited: e.limited, lately_limited: e.lately_limited, backlog_ns: backlog };
+            leaf[i] = Leaf::new(&e, backlog);
         }
         let rates = pacer.tick(&tree, &leaf, now);
         for i in (1..n).filter(|&i| tree.is_leaf(i)) {

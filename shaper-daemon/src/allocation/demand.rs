@@ -108,6 +108,9 @@ pub struct Estimate {
     /// Whether it did within [`RATE_WINDOW_NS`]: the class would send more (a greedy TCP
     /// flow between two windows is not limited for a moment).
     pub lately_limited: bool,
+    /// The offered rate over the queue window ([`QUEUE_WINDOW_NS`], or four full frames at
+    /// its pacing rate if longer), bits/s: what it sends now.
+    pub sending: u64,
 }
 
 /// The counter histories of a set of leaf classes, kept by row: one row a tick, with its
@@ -378,7 +381,12 @@ impl Estimator {
         if over_silence < WAKE_BYTES {
             self.quiet_at = Some((o.now_ns, o.counters));
         }
-        Estimate { demand, offered, limited, lately_limited }
+        let sending = match recent {
+            Some((_, s0)) if s0.offered_bytes == o.counters.offered_bytes => 0,
+            Some(s0) => Self::rate_since(s0, o),
+            None => offered,
+        };
+        Estimate { demand, offered, limited, lately_limited, sending }
     }
 
     /// Records the pause that ends at this observation, if the class offered more than at
@@ -499,7 +507,7 @@ pub fn fair_share(rate: u64, limited: bool, light: u64, over: u64, near: u64, pr
 }
 
 /// `value * (100 + percent) / 100`, saturating.
-fn percent_over(value: u64, percent: u64) -> u64 {
+pub(crate) fn percent_over(value: u64, percent: u64) -> u64 {
     mul_div(value, 100 + percent, 100)
 }
 

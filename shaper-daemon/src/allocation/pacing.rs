@@ -36,17 +36,21 @@
 //!   visits a tick: every tick in a flat tree of up to 64 classes; at 1,024 classes, flat,
 //!   four a tick, each class's within 2.6 s (at the default 10 ms tick).
 //! - **What no class was allocated is lent** to the classes that would send more (limited
-//!   lately), by HTB's rules (prio, weight, every ceil), on top of their allocations: the
-//!   rates paced add up to the link at most, and what one class leaves idle another may send
-//!   at once. HTB's borrowing is instant: a greedy TCP flow that halved its window, or a
-//!   borrower the tick an on/off sender stops, would otherwise wait for its estimator to
-//!   catch up.
+//!   lately, and sending still), by HTB's rules (prio, weight, every ceil), on top of their
+//!   allocations: the rates paced add up to the link at most, and what one class leaves idle
+//!   another may send at once. HTB's borrowing is instant: a greedy TCP flow that halved its
+//!   window, or a borrower the tick an on/off sender stops, would otherwise wait for its
+//!   estimator to catch up. So is what a class was allocated and does not send now (over the
+//!   queue window, more than 1/[`QUIET_DIVISOR`] of it): a stream allocated for a bunch that
+//!   has drained, an application between two writes, a sender gone off. It keeps its pacing
+//!   rate, so that what it sends next leaves at once; the link may then carry that on top of
+//!   the borrowers until the next tick takes the loan back.
 //! - No class is paced below its guarantee.
 
 use std::collections::VecDeque;
 
 use super::{
-    demand::{mul_div, FRAME_BITS},
+    demand::{mul_div, percent_over, Estimate, FRAME_BITS, HEADROOM_FLOOR, HEADROOM_PERCENT},
     tree::Tree,
 };
 
@@ -56,6 +60,7 @@ pub const QUIET_DIVISOR: u64 = 8;
 
 /// Node visits per tick the wake rates may cost (an allocation visits every node).
 pub const WAKE_BUDGET: usize = 4096;
+
 
 /// The rates of one tick, indexed like the tree's nodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +100,44 @@ pub struct Leaf {
     pub lately_limited: bool,
     /// How far ahead of now its clock is, ns.
     pub backlog_ns: u64,
+    /// What it sends now ([`Estimate::sending`]), bits/s.
+    pub sending: u64,
+}
+
+impl Leaf {
+    /// What the estimator concluded of a leaf whose clock is `backlog_ns` ahead of now.
+    #[must_use]
+    pub fn new(e: &Estimate, backlog_ns: u64) -> Self {
+        Self {
+            demand: e.demand,
+            limited: e.limited,
+            lately_limited: e.lately_limited,
+            backlog_ns,
+            sending: e.sending,
+        }
+    }
+
+    /// What of `allocated` it keeps from the borrowers: all of it, but for a class that is not
+    /// limited, has nothing queued and sends less than its allocation by more than
+    /// `1/QUIET_DIVISOR` of it (between two writes, off, or allocated for a bunch that has
+    /// drained), which keeps what it sends with its headroom.
+    fn kept(&self, allocated: u64) -> u64 {
+        let sends = percent_over(self.sending, HEADROOM_PERCENT).saturating_add(HEADROOM_FLOOR);
+        if !self.limited && self.backlog_ns == 0 && sends < allocated - allocated / QUIET_DIVISOR {
+            sends
+        } else {
+            allocated
+        }
+    }
+
+    /// Whether it is lent what others leave: it was limited lately (it would send more), it
+    /// keeps all it was `allocated`, and it sends now (a class limited until it went silent,
+    /// a transfer that ended, would not use it).
+    fn borrows(&self, allocated: u64) -> bool {
+        self.lately_limited
+            && self.kept(allocated) == allocated
+            && (self.limited || self.backlog_ns > 0 || self.sending > 0)
+    }
 }
 
 /// Turns allocations into pacing rates, tick after tick (see the module docs).
@@ -123,6 +166,8 @@ impl Pacer {
         for i in (1..n).filter(|&i| tree.is_leaf(i)) {
             let wake = self.wake[i];
             let guarantee = tree.nodes[i].rate;
+            // A class part of whose allocation is lent (`lend`) is still paced at all of it.
+            pacing[i] = pacing[i].max(allocated[i]);
             mode[i] = if !leaves[i].limited && demand[i] <= wake / QUIET_DIVISOR {
                 pacing[i] = pacing[i].max(wake);
                 Mode::Quiet
@@ -143,25 +188,32 @@ impl Pacer {
     /// at most: what one class lets idle, another may send at once (a greedy TCP flow after
     /// it halved its window, a borrower the tick a steady class stops), not a tick or more
     /// later. A class that was never limited (a stream, an application's writes) is not
-    /// lent anything: it would not use it, and it would take it from those that would.
+    /// lent anything: it would not use it, and it would take it from those that would. What
+    /// a class is allocated and does not send ([`Leaf::kept`]: between two writes, off, or
+    /// allocated for a bunch that has drained) is lent too, as HTB lends what a class leaves
+    /// idle: it keeps its pacing rate (its estimator has not lowered its demand yet), behind
+    /// the link clock (`tick`); its own entry here is what it kept.
     fn lend(tree: &Tree, allocated: &[u64], leaves: &[Leaf], committed: u64) -> Vec<u64> {
         let n = tree.nodes.len();
-        let sum = (1..n).filter(|&i| tree.is_leaf(i)).map(|i| allocated[i]).fold(0, u64::saturating_add);
+        let leaf_ids = || (1..n).filter(|&i| tree.is_leaf(i));
+        let sum = leaf_ids().map(|i| allocated[i]).fold(0, u64::saturating_add);
+        let mut floor = allocated.to_vec();
+        for i in leaf_ids() {
+            floor[i] = leaves[i].kept(allocated[i]);
+        }
+        let kept = leaf_ids().map(|i| floor[i]).fold(0, u64::saturating_add);
         let root = &tree.nodes[0];
         let cap = root.rate.min(root.ceil).saturating_sub(committed.saturating_sub(sum));
-        if cap <= sum {
-            return allocated.to_vec();
-        }
-        let mut want = allocated.to_vec();
+        let mut want = floor.clone();
         let mut any = false;
-        for i in (1..n).filter(|&i| tree.is_leaf(i) && leaves[i].lately_limited) {
+        for i in leaf_ids().filter(|&i| leaves[i].borrows(allocated[i])) {
             want[i] = u64::MAX;
             any = true;
         }
-        if any {
-            tree.allocate_over(&want, allocated, cap)
+        if any && cap > kept {
+            tree.allocate_over(&want, &floor, cap)
         } else {
-            allocated.to_vec()
+            floor
         }
     }
 
@@ -294,6 +346,7 @@ mod tests {
                 limited: limited[i],
                 lately_limited: limited[i],
                 backlog_ns: backlog[i],
+                sending: demand[i],
             })
             .collect();
         p.tick(tree, &leaves, now)
@@ -395,6 +448,45 @@ mod tests {
         // Once it has left, they are lent to both, by weight.
         let r = tick(&mut p, &tree, &demand, &[false, true, true], &[0, 0, 0], 40 * MS);
         assert_eq!((r.pacing[1], r.pacing[2]), (5_500_000, 4_500_000), "{r:?}");
+    }
+
+    /// A leaf that wants `demand`, sends `sending` and was limited lately (`greedy`: now too,
+    /// with a queue).
+    fn sender(demand: u64, sending: u64, lately_limited: bool, greedy: bool) -> Leaf {
+        let backlog_ns = if greedy { 10 * MS } else { 0 };
+        Leaf { demand, limited: greedy, lately_limited, backlog_ns, sending }
+    }
+
+    #[test]
+    fn what_a_class_is_allocated_and_does_not_send_is_lent() {
+        // Betty was allocated 4 mbit/s for a bunch that has drained (or she pauses between
+        // writes): she sends 1 now. Alex, limited, may send all but that and its headroom;
+        // she stays paced at her allocation.
+        let tree = flat(vec![leaf(MBIT, 0), leaf(2 * MBIT, 0)]);
+        let mut p = Pacer::default();
+        let leaves = [Leaf::default(), sender(u64::MAX, 6 * MBIT, true, true), sender(4 * MBIT, MBIT, false, false)];
+        let r = p.tick(&tree, &leaves, 0);
+        assert_eq!((r.allocation[1], r.allocation[2]), (6 * MBIT, 4 * MBIT));
+        assert_eq!((r.pacing[1], r.pacing[2]), (10 * MBIT - 1_028_000, 4 * MBIT), "{r:?}");
+        // Sending 7/8 of it or more, she keeps all of it.
+        let leaves = [Leaf::default(), sender(u64::MAX, 6 * MBIT, true, true), sender(4 * MBIT, 3_600_000, false, false)];
+        let r = p.tick(&tree, &leaves, 10 * MS);
+        assert_eq!((r.pacing[1], r.pacing[2]), (6 * MBIT, 4 * MBIT), "{r:?}");
+    }
+
+    #[test]
+    fn nothing_is_lent_to_a_class_that_no_longer_sends() {
+        // Browsing (prio 0) was limited a moment ago (a page), and is silent now; bulk (prio
+        // 1) is limited: what is left goes to bulk, not to browsing first by its prio.
+        let tree = flat(vec![leaf(700_000, 0), leaf(200_000, 1)]);
+        let mut root = tree.nodes[0].clone();
+        root.rate = 900_000;
+        root.ceil = 900_000;
+        let tree = Tree { nodes: vec![root, tree.nodes[1].clone(), tree.nodes[2].clone()] };
+        let mut p = Pacer::default();
+        let leaves = [Leaf::default(), sender(8_000, 0, true, false), sender(500_000, 500_000, true, true)];
+        let r = p.tick(&tree, &leaves, 0);
+        assert_eq!((r.pacing[1], r.pacing[2]), (700_000, 892_000), "{r:?}");
     }
 
     #[test]

@@ -372,12 +372,7 @@ impl State {
                 entry.throughput = Rate::from_bits_per_sec(estimate.offered);
                 entry.limited = estimate.limited;
                 entry.record_delays(mono, stats.delay_hist);
-                leaves[node] = pacing::Leaf {
-                    demand: estimate.demand,
-                    limited: estimate.limited,
-                    lately_limited: estimate.lately_limited,
-                    backlog_ns: backlog,
-                };
+                leaves[node] = pacing::Leaf::new(&estimate, backlog);
                 let now = (stats.share_under_bytes, stats.hosts_over, stats.hosts_near);
                 let (under, over, near) = std::mem::replace(&mut entry.share_counters, now);
                 let under_bits = u128::from(now.0.saturating_sub(under)) * 8 * 1_000_000_000;

@@ -574,16 +574,13 @@ fn a_steady_stream_above_its_guarantee_leaves_the_rest_to_borrowers() {
     check(&mut failures, alex >= 7.6e6, || {
         format!("alex {:.3} mbit/s, below 7.6 (expected 8.0; HTB: {:.3})", alex / MBIT, htb.rates[0] / MBIT)
     });
-    // 97 % of HTB's, not 99 %: on a slow host the guest's datagrams come bunched (its sender
-    // late by over 10 ms a few times a run), its estimator then grows its demand (pacing
-    // 2.03-3.28 mbit/s), and what it is allocated and does not send is not lent to alex at
-    // once as HTB lends it: 9.764, 9.693 and 9.558 mbit/s against HTB's 9.877, 9.846 and
-    // 9.811 in three runs. Below HTB's floor: a known defect (the README's Limits), bounded
-    // here so that it cannot grow unseen while it is fixed.
-    let floor = link_floor(0.98, 0.97, &htb);
+    // On a slow host the guest's datagrams come bunched (its sender late by over 10 ms a few
+    // times a run), and its estimator grows its demand (pacing 2.03-3.28 mbit/s): what it is
+    // allocated and does not send is lent to alex (`pacing::Leaf::kept`), as HTB lends it.
+    let floor = link_floor(0.98, 0.99, &htb);
     check(&mut failures, ours.total() >= floor, || {
         format!(
-            "total {:.3} mbit/s, below {:.3} (98 % of the link, or 97 % of HTB's {:.3})",
+            "total {:.3} mbit/s, below {:.3} (98 % of the link, or 99 % of HTB's {:.3})",
             ours.total() / MBIT,
             floor / MBIT,
             htb.total() / MBIT
@@ -698,18 +695,18 @@ fn on_off_bursts_and_an_application_limited_stream() {
     // left (18 % below; HTB 8 %): below HTB's floor, a known defect (the README's Limits: an
     // allocation a class does not use is lent only once its estimator lowers it), bounded
     // here so that it cannot grow unseen while it is fixed.
-    let floor = link_floor(0.88, 0.93, &htb);
+    let floor = link_floor(0.90, 0.95, &htb);
     check(&mut failures, ours.total() >= floor, || {
         format!(
-            "total {:.3} mbit/s, below {:.3} (88 % of the link, or 93 % of HTB's {:.3})",
+            "total {:.3} mbit/s, below {:.3} (90 % of the link, or 95 % of HTB's {:.3})",
             ours.total() / MBIT,
             floor / MBIT,
             htb.total() / MBIT
         )
     });
-    check(&mut failures, alex >= left(&ours) * 0.80, || {
+    check(&mut failures, alex >= left(&ours) * 0.82, || {
         format!(
-            "alex {:.3} mbit/s, more than 20 % below the {:.3} betty and carl left (HTB: {:.3} of {:.3})",
+            "alex {:.3} mbit/s, more than 18 % below the {:.3} betty and carl left (HTB: {:.3} of {:.3})",
             alex / MBIT,
             left(&ours) / MBIT,
             htb.rates[0] / MBIT,
