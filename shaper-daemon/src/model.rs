@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use shaper_common::{
-    frames_ns, FULL_FRAME, LINK_SLACK_PERCENT, PROFILE_BURST_FRAMES, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
+    frames_ns, FULL_FRAME, HOLD_MAX_NS, LINK_SLACK_PERCENT, PROFILE_BURST_FRAMES, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
 };
 
 use crate::{
@@ -446,7 +446,7 @@ fn pace(
                 // Behind the link clock, but within its guarantee it leaves on its own
                 // clock, and the borrowers wait in its place.
                 let start = committed.max(s.next);
-                link.hold = link.hold.max(start + link_cost);
+                link.hold = link.hold.max((start + link_cost).min(now + HOLD_MAX_NS));
                 if in_profile {
                     now
                 } else {
@@ -672,10 +672,10 @@ mod tests {
     /// Seed 001: a download (bulk, 200 kbit/s, prio 1) and page fetches (browsing, 700
     /// kbit/s, prio 0: 16 KB every 400 ms) on a 900 kbit/s line. Between its pages browsing's
     /// allocation is lent to the download, not to browsing itself (limited a moment ago, by
-    /// its prio first in line, but silent): 0.51 mbit/s for the download before, 0.52 now.
-    /// HTB gives it 0.57: what is left is each page's start, while the download waits behind
-    /// the whole page (the link clock's hold, `pacing`), not only its first tick. Bounded
-    /// here, not fixed (the README's Limits).
+    /// its prio first in line, but silent), and while a page leaves the download keeps its
+    /// guarantee: the page's packets hold it for [`HOLD_MAX_NS`] at most, by when the next
+    /// tick has lowered it, not for the whole page (190 ms). The download got 0.51 mbit/s with
+    /// neither, 0.52 with the first alone; HTB gives it 0.57.
     #[test]
     fn what_a_class_leaves_unused_between_its_writes_is_lent() {
         let pages = Source::Bursts { burst: 16_384, period_ns: 400 * MS };
@@ -687,7 +687,7 @@ mod tests {
         let got = run.rates(2 * SECOND, 8 * SECOND);
         let htb = reference(900_000, &classes, &[u64::MAX, 16_384 * 8 * 10 / 4]);
         assert!(got[1].abs_diff(htb[1]) <= htb[1] / 50, "browsing {:?} (HTB {:?})", mbit(&got), mbit(&htb));
-        assert!(got[0] >= htb[0] * 90 / 100, "download {:?} (HTB {:?})", mbit(&got), mbit(&htb));
+        assert!(got[0] >= htb[0] * 97 / 100, "download {:?} (HTB {:?})", mbit(&got), mbit(&htb));
     }
 
     #[test]

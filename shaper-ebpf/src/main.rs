@@ -30,6 +30,7 @@ use aya_ebpf::{
 };
 use shaper_common::{
     delay_bucket, frames_ns, ActiveClasses, ClassConfig, ClassState, ClassStats, Globals, HostState, IfaceConfig,
+    HOLD_MAX_NS,
     IfaceSlot, LinkState, Origin, RuleKey, RuleTarget, Tuple, ACTIVE_WORDS, CLASS_BORROWING, CLASS_QUIET, DSCP_OVER,
     DSCP_SET, FILTER_WORDS, HOST_SETS, HOST_SLOTS, HOST_WAYS, IFACE_DOWNLOAD, IFACE_L3, IFACE_NAT, ISOLATE_FLOW,
     ISOLATE_NONE, LAN_L3, MAX_CLASSES, MAX_IFB_TARGETS, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, NO_RULE,
@@ -332,18 +333,20 @@ fn link_take(clock: *mut u64, cost: u64, now: u64) -> u64 {
 /// Holds the borrowers behind a quiet class's packet that waits for the link: the packet
 /// leaves at the link clock `committed`, or at its class's clock at `class_next` if that is
 /// later; the hold at `hold` moves to when it will have left (`cost` later), if that is
-/// later. Returns the packet's start. Two attempts: a lost race against another quiet
-/// packet leaves the later of the two, or one frame short. Not inlined, as `link_take`.
+/// later, but no further than [`HOLD_MAX_NS`] after `now`. Returns the packet's start. Two
+/// attempts: a lost race against another quiet packet leaves the later of the two, or one
+/// frame short. Not inlined, as `link_take`.
 #[inline(never)]
-fn hold_behind(hold: *mut u64, committed: u64, class_next: *mut u64, cost: u64) -> u64 {
+fn hold_behind(hold: *mut u64, committed: u64, class_next: *mut u64, cost: u64, now: u64) -> u64 {
     // SAFETY: a pointer into an array map value (`CLASS_STATE`), valid for the program run.
     let own = unsafe { core::ptr::read_volatile(class_next) };
     let start = if own > committed { own } else { committed };
+    let until = if start + cost < now + HOLD_MAX_NS { start + cost } else { now + HOLD_MAX_NS };
     for _ in 0..2 {
         // SAFETY: a pointer into an array map value (`LINKS`), which lives as long as the map.
         let last = unsafe { core::ptr::read_volatile(hold) };
         // SAFETY: as above.
-        if last >= start + cost || unsafe { edt::cas(hold, last, start + cost) } {
+        if last >= until || unsafe { edt::cas(hold, last, until) } {
             break;
         }
     }
@@ -391,12 +394,16 @@ impl LinkSlot {
     /// A quiet class's packet waits for the link: it starts at `committed` (or its class's
     /// clock at `class_next`, if later), and the borrowers are held behind it.
     #[inline(always)]
-    fn hold_behind(&self, committed: u64, class_next: *mut u64) -> u64 {
+    fn hold_behind(&self, committed: u64, class_next: *mut u64, now: u64) -> u64 {
         match self.link {
             // SAFETY: a pointer into an array map value; no reference is created.
-            Some(link) => {
-                hold_behind(unsafe { core::ptr::addr_of_mut!((*link).hold_ns) }, committed, class_next, self.cost)
-            }
+            Some(link) => hold_behind(
+                unsafe { core::ptr::addr_of_mut!((*link).hold_ns) },
+                committed,
+                class_next,
+                self.cost,
+                now,
+            ),
             None => committed,
         }
     }
@@ -590,7 +597,7 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
     // budget) does not wait behind the link's queue.
     let start =
         if committed > now && config.flags & CLASS_QUIET != 0 && !(segs == 1 && on_time(state, flow_last, now, cost)) {
-            let held = link.hold_behind(committed, next);
+            let held = link.hold_behind(committed, next, now);
             if in_profile {
                 now
             } else {

@@ -19,9 +19,10 @@
 //!   out already, so a quiet class's packets wait behind the link clock
 //!   (`shaper_common::CLASS_QUIET`): behind the departures the busy classes have been given.
 //!   The classes paced above their guarantee ([`Mode::Borrowing`]) wait in turn behind the
-//!   quiet packets so placed (`shaper_common::CLASS_BORROWING`): the time a waking class
-//!   takes is the borrowers', not on top of theirs, as HTB serves a class that wakes ahead
-//!   of those that borrow. The link so keeps its rate while classes wake, alone, several in
+//!   quiet packets so placed (`shaper_common::CLASS_BORROWING`), up to
+//!   `shaper_common::HOLD_MAX_NS` ahead (by then the next tick has moved them down): the
+//!   time a waking class takes is the borrowers', not on top of theirs, as HTB serves a
+//!   class that wakes ahead of those that borrow. The link so keeps its rate while classes wake, alone, several in
 //!   a tick, or one after another next to borrowers that fill the link; a waking transfer
 //!   starts behind the link's queue (a few ms under CoDel) and gets its share from the next
 //!   tick, its clock carrying that delay on; a sparse flow's packet (a ping, DNS) still
@@ -60,7 +61,6 @@ pub const QUIET_DIVISOR: u64 = 8;
 
 /// Node visits per tick the wake rates may cost (an allocation visits every node).
 pub const WAKE_BUDGET: usize = 4096;
-
 
 /// The rates of one tick, indexed like the tree's nodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,13 +108,7 @@ impl Leaf {
     /// What the estimator concluded of a leaf whose clock is `backlog_ns` ahead of now.
     #[must_use]
     pub fn new(e: &Estimate, backlog_ns: u64) -> Self {
-        Self {
-            demand: e.demand,
-            limited: e.limited,
-            lately_limited: e.lately_limited,
-            backlog_ns,
-            sending: e.sending,
-        }
+        Self { demand: e.demand, limited: e.limited, lately_limited: e.lately_limited, backlog_ns, sending: e.sending }
     }
 
     /// What of `allocated` it keeps from the borrowers: all of it, but for a class that is not
@@ -469,7 +463,8 @@ mod tests {
         assert_eq!((r.allocation[1], r.allocation[2]), (6 * MBIT, 4 * MBIT));
         assert_eq!((r.pacing[1], r.pacing[2]), (10 * MBIT - 1_028_000, 4 * MBIT), "{r:?}");
         // Sending 7/8 of it or more, she keeps all of it.
-        let leaves = [Leaf::default(), sender(u64::MAX, 6 * MBIT, true, true), sender(4 * MBIT, 3_600_000, false, false)];
+        let leaves =
+            [Leaf::default(), sender(u64::MAX, 6 * MBIT, true, true), sender(4 * MBIT, 3_600_000, false, false)];
         let r = p.tick(&tree, &leaves, 10 * MS);
         assert_eq!((r.pacing[1], r.pacing[2]), (6 * MBIT, 4 * MBIT), "{r:?}");
     }

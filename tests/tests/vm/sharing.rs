@@ -689,12 +689,12 @@ fn on_off_bursts_and_an_application_limited_stream() {
     // what nobody was given is lent to alex at once, and her share comes back once her 100 ms
     // rate falls under half of her 400 ms one (sooner would give away the share of an
     // application that only pauses between writes).
-    // Ours against HTB's in the same run: 94–98 % (9.06 against 9.61 in the last CI run, 9.24
-    // against 9.55 in the one before; 8.92 against 9.16 on a slow VM). On a slower host,
-    // 8.870 and 8.906 against HTB's 9.591 and 9.505 (93 %), alex 4.89 and 4.92 of the 6.02
-    // left (18 % below; HTB 8 %): below HTB's floor, a known defect (the README's Limits: an
-    // allocation a class does not use is lent only once its estimator lowers it), bounded
-    // here so that it cannot grow unseen while it is fixed.
+    // Ours against HTB's in the same run: 94–98 % (9.06 against 9.61 in a CI run, 9.24
+    // against 9.55 in the one before; 8.92 against 9.16 on a slow VM). On a slower host, 93 %
+    // (8.870 and 8.906 against 9.591 and 9.505, alex 18 % below what betty and carl left)
+    // while what a class was allocated and did not send was lent only once its estimator
+    // lowered it; lent at once (`pacing::Leaf::kept`), 9.343 against 9.474 (alex 5.356
+    // against HTB's 5.497, one run).
     let floor = link_floor(0.90, 0.95, &htb);
     check(&mut failures, ours.total() >= floor, || {
         format!(
