@@ -30,11 +30,10 @@ use aya_ebpf::{
 };
 use shaper_common::{
     delay_bucket, frames_ns, ActiveClasses, ClassConfig, ClassState, ClassStats, Globals, HostState, IfaceConfig,
-    HOLD_MAX_NS,
     IfaceSlot, LinkState, Origin, RuleKey, RuleTarget, Tuple, ACTIVE_WORDS, CLASS_BORROWING, CLASS_QUIET, DSCP_OVER,
-    DSCP_SET, FILTER_WORDS, HOST_SETS, HOST_SLOTS, HOST_WAYS, IFACE_DOWNLOAD, IFACE_L3, IFACE_NAT, ISOLATE_FLOW,
-    ISOLATE_NONE, LAN_L3, MAX_CLASSES, MAX_IFB_TARGETS, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES, NO_RULE,
-    ORIGIN_SLOTS, PORT_SLOTS, PROFILE_BURST_FRAMES, RULE_BANKS, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
+    DSCP_SET, FILTER_WORDS, HOLD_MAX_NS, HOST_SETS, HOST_SLOTS, HOST_WAYS, IFACE_DOWNLOAD, IFACE_L3, IFACE_NAT,
+    ISOLATE_FLOW, ISOLATE_NONE, LAN_L3, MAX_CLASSES, MAX_IFB_TARGETS, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES,
+    NO_RULE, ORIGIN_SLOTS, PORT_SLOTS, PROFILE_BURST_FRAMES, RULE_BANKS, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
 };
 
 #[map]
@@ -397,13 +396,9 @@ impl LinkSlot {
     fn hold_behind(&self, committed: u64, class_next: *mut u64, now: u64) -> u64 {
         match self.link {
             // SAFETY: a pointer into an array map value; no reference is created.
-            Some(link) => hold_behind(
-                unsafe { core::ptr::addr_of_mut!((*link).hold_ns) },
-                committed,
-                class_next,
-                self.cost,
-                now,
-            ),
+            Some(link) => {
+                hold_behind(unsafe { core::ptr::addr_of_mut!((*link).hold_ns) }, committed, class_next, self.cost, now)
+            }
             None => committed,
         }
     }
