@@ -116,21 +116,22 @@ impl Leaf {
     /// `1/QUIET_DIVISOR` of it (between two writes, off, or allocated for a bunch that has
     /// drained), which keeps what it sends with its headroom.
     fn kept(&self, allocated: u64) -> u64 {
+        if self.limited || self.backlog_ns != 0 {
+            return allocated;
+        }
         let sends = percent_over(self.sending, HEADROOM_PERCENT).saturating_add(HEADROOM_FLOOR);
-        if !self.limited && self.backlog_ns == 0 && sends < allocated - allocated / QUIET_DIVISOR {
+        if sends < allocated - allocated / QUIET_DIVISOR {
             sends
         } else {
             allocated
         }
     }
 
-    /// Whether it is lent what others leave: it was limited lately (it would send more), it
-    /// keeps all it was `allocated`, and it sends now (a class limited until it went silent,
-    /// a transfer that ended, would not use it).
-    fn borrows(&self, allocated: u64) -> bool {
-        self.lately_limited
-            && self.kept(allocated) == allocated
-            && (self.limited || self.backlog_ns > 0 || self.sending > 0)
+    /// Whether it is lent what others leave, if it keeps all it was allocated ([`Self::kept`]):
+    /// it was limited lately (it would send more), and it sends now (a class limited until it
+    /// went silent, a transfer that ended, would not use it).
+    fn borrows(&self) -> bool {
+        self.lately_limited && (self.limited || self.backlog_ns > 0 || self.sending > 0)
     }
 }
 
@@ -200,7 +201,7 @@ impl Pacer {
         let cap = root.rate.min(root.ceil).saturating_sub(committed.saturating_sub(sum));
         let mut want = floor.clone();
         let mut any = false;
-        for i in leaf_ids().filter(|&i| leaves[i].borrows(allocated[i])) {
+        for i in leaf_ids().filter(|&i| floor[i] == allocated[i] && leaves[i].borrows()) {
             want[i] = u64::MAX;
             any = true;
         }

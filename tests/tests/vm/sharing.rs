@@ -913,8 +913,16 @@ fn small_packets_fill_the_link() {
     let mut failures = Vec::new();
     // The constant-rate classes get what they send.
     check_shares(&mut failures, title, &flows[..3], &expected[..3], &ours);
-    check(&mut failures, ours.total() >= 0.97 * LINK, || {
-        format!("link use {:.3} mbit/s, below 97 % (HTB: {:.3})", ours.total() / MBIT, htb.total() / MBIT)
+    // 97 % of the link, or 99 % of what HTB carried in the same run if that is less: in one
+    // run with the emulated CPUs 71-87 % busy HTB carried 9.592 and shaper 9.561.
+    let floor = link_floor(0.97, 0.99, &htb);
+    check(&mut failures, ours.total() >= floor, || {
+        format!(
+            "link use {:.3} mbit/s, below {:.3} (97 % of the link, or 99 % of HTB's {:.3})",
+            ours.total() / MBIT,
+            floor / MBIT,
+            htb.total() / MBIT
+        )
     });
     assert!(failures.is_empty(), "{failures:#?}");
 }
