@@ -450,8 +450,9 @@ pub const HOLD_MAX_NS: u64 = 30_000_000;
 
 /// `ClassConfig::flags`: the class is paced above its guarantee, on bandwidth the allocator
 /// lent it. Its packets leave no earlier than the quiet classes' packets held behind the link
-/// clock (`LinkState::hold_ns`, up to [`HOLD_MAX_NS`] ahead): a class that wakes takes its first packets' time from the
-/// borrowers, as HTB serves it ahead of them, rather than on top of what they were given.
+/// clock (`LinkState::hold_ns`, up to [`HOLD_MAX_NS`] ahead): a class that wakes takes its
+/// first packets' time from the borrowers, as HTB serves it ahead of them, rather than on
+/// top of what they were given.
 /// Classes within their guarantee are never held.
 pub const CLASS_BORROWING: u32 = 2;
 

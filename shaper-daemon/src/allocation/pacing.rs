@@ -22,14 +22,14 @@
 //!   quiet packets so placed (`shaper_common::CLASS_BORROWING`), up to
 //!   `shaper_common::HOLD_MAX_NS` ahead (by then the next tick has moved them down): the
 //!   time a waking class takes is the borrowers', not on top of theirs, as HTB serves a
-//!   class that wakes ahead of those that borrow. The link so keeps its rate while classes wake, alone, several in
-//!   a tick, or one after another next to borrowers that fill the link; a waking transfer
-//!   starts behind the link's queue (a few ms under CoDel) and gets its share from the next
-//!   tick, its clock carrying that delay on; a sparse flow's packet (a ping, DNS) still
-//!   leaves at once, within the sparse budget, and so does a quiet class's packet within
-//!   its guarantee (a meter at the guaranteed rate with a burst of four full frames), the
-//!   borrowers held in its place: HTB serves a class within its rate first. Classes within
-//!   their guarantee never wait.
+//!   class that wakes ahead of those that borrow. The link so keeps its rate while classes
+//!   wake, alone, several in a tick, or one after another next to borrowers that fill the
+//!   link; a waking transfer starts behind the link's queue (a few ms under CoDel) and gets
+//!   its share from the next tick, its clock carrying that delay on; a sparse flow's packet
+//!   (a ping, DNS) still leaves at once, within the sparse budget, and so does a quiet
+//!   class's packet within its guarantee (a meter at the guaranteed rate with a burst of
+//!   four full frames), the borrowers held in its place: HTB serves a class within its rate
+//!   first. Classes within their guarantee never wait.
 //!
 //!   A class is quiet when it is not limited and wants at most 1/[`QUIET_DIVISOR`] of its
 //!   wake rate. A wake rate costs a visit of each child of the class's ancestors
@@ -186,25 +186,27 @@ impl Pacer {
     /// lent anything: it would not use it, and it would take it from those that would. What
     /// a class is allocated and does not send ([`Leaf::kept`]: between two writes, off, or
     /// allocated for a bunch that has drained) is lent too, as HTB lends what a class leaves
-    /// idle: it keeps its pacing rate (its estimator has not lowered its demand yet), behind
-    /// the link clock (`tick`); its own entry here is what it kept.
+    /// idle; its own entry here is what it kept, and `tick` paces it at all of its allocation
+    /// (its estimator has not lowered its demand yet).
     fn lend(tree: &Tree, allocated: &[u64], leaves: &[Leaf], committed: u64) -> Vec<u64> {
         let n = tree.nodes.len();
-        let leaf_ids = || (1..n).filter(|&i| tree.is_leaf(i));
-        let sum = leaf_ids().map(|i| allocated[i]).fold(0, u64::saturating_add);
+        let (mut sum, mut kept, mut any) = (0u64, 0u64, false);
         let mut floor = allocated.to_vec();
-        for i in leaf_ids() {
-            floor[i] = leaves[i].kept(allocated[i]);
+        let mut want = allocated.to_vec();
+        for i in (1..n).filter(|&i| tree.is_leaf(i)) {
+            let keeps = leaves[i].kept(allocated[i]);
+            sum = sum.saturating_add(allocated[i]);
+            kept = kept.saturating_add(keeps);
+            floor[i] = keeps;
+            want[i] = if keeps == allocated[i] && leaves[i].borrows() {
+                any = true;
+                u64::MAX
+            } else {
+                keeps
+            };
         }
-        let kept = leaf_ids().map(|i| floor[i]).fold(0, u64::saturating_add);
         let root = &tree.nodes[0];
         let cap = root.rate.min(root.ceil).saturating_sub(committed.saturating_sub(sum));
-        let mut want = floor.clone();
-        let mut any = false;
-        for i in leaf_ids().filter(|&i| floor[i] == allocated[i] && leaves[i].borrows()) {
-            want[i] = u64::MAX;
-            any = true;
-        }
         if any && cap > kept {
             tree.allocate_over(&want, &floor, cap)
         } else {

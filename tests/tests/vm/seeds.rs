@@ -156,7 +156,7 @@ fn run(system: System, tag: &str) -> Vec<Vec<Got>> {
 /// The least a rate `expected` within 3 % may be, or 98 % of what HTB + `fq_codel` carried
 /// (`htb`) in the same VM if that is less: on a VM whose emulated CPUs fall behind, HTB
 /// falls short too, and what is asserted then is that shaper carries nearly what HTB does
-/// (as `sharing`'s link floor).
+/// (as `sharing::check_link_use`).
 fn floor_near_htb(expected: f64, htb: f64) -> f64 {
     (expected * 0.97).min(htb * 0.98)
 }
