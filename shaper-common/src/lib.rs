@@ -7,8 +7,29 @@
 // Padding fields are public so both sides can build the structs with literals.
 #![allow(clippy::pub_underscore_fields)]
 
-/// Most classes across all interfaces. Class ids index the class arrays directly.
-pub const MAX_CLASSES: u32 = 1024;
+/// Most classes across all interfaces. Class ids index the class arrays directly, which
+/// shaperd sizes when it loads them ([`class_slots`]): their per-CPU counters take 280 bytes
+/// a slot on each CPU, too much to reserve this bound on a machine of many CPUs.
+pub const MAX_CLASSES: u32 = 16_384;
+/// The fewest slots of the class arrays (`CLASS_CONFIG`, `CLASS_STATE`, `CLASS_STATS`).
+pub const MIN_CLASS_SLOTS: u32 = 1024;
+
+/// The slots the class arrays are given for a configuration of `classes` classes: room for
+/// as many again (a reload gives new classes ids that no class of the old configuration
+/// holds, so both sets live side by side while the rules switch over), as a power of two,
+/// at least [`MIN_CLASS_SLOTS`], at most [`MAX_CLASSES`].
+#[must_use]
+pub const fn class_slots(classes: usize) -> u32 {
+    let wanted = classes.saturating_mul(2);
+    if wanted <= MIN_CLASS_SLOTS as usize {
+        MIN_CLASS_SLOTS
+    } else if wanted >= MAX_CLASSES as usize {
+        MAX_CLASSES
+    } else {
+        // Below MAX_CLASSES here, so it fits.
+        wanted.next_power_of_two() as u32
+    }
+}
 /// Most shaped interfaces.
 pub const MAX_INTERFACES: u32 = 64;
 /// Most distinct rule shapes ("tuples"). A packet costs one hash lookup per tuple that can
@@ -218,7 +239,7 @@ pub fn delay_bucket(delay_ns: u64) -> usize {
 /// The version of the maps' layout (their key and value types and sizes). Pinned maps live in
 /// a directory named after it, so a shaperd whose maps differ never opens the pins of another:
 /// bump it whenever a map definition or a struct in this file changes.
-pub const MAP_LAYOUT_VERSION: u32 = 10;
+pub const MAP_LAYOUT_VERSION: u32 = 11;
 
 /// Map names, as they appear in the object file.
 pub mod maps {
@@ -942,6 +963,17 @@ mod tests {
         assert_eq!(delay_bucket(5_000_000), 6); // 4 ms < 5 ms <= 8 ms
         assert_eq!(delay_bucket(DELAY_BUCKET_BASE_NS << (DELAY_BUCKETS - 2)), DELAY_BUCKETS - 2);
         assert_eq!(delay_bucket(u64::MAX), DELAY_BUCKETS - 1);
+    }
+
+    #[test]
+    fn class_arrays_have_room_for_as_many_classes_again() {
+        assert_eq!(class_slots(0), MIN_CLASS_SLOTS);
+        assert_eq!(class_slots(512), 1024);
+        assert_eq!(class_slots(513), 2048);
+        assert_eq!(class_slots(3000), 8192);
+        assert_eq!(class_slots(8192), MAX_CLASSES);
+        assert_eq!(class_slots(10_000), MAX_CLASSES);
+        assert_eq!(class_slots(usize::MAX), MAX_CLASSES);
     }
 
     /// An interface's framing, for [`wire_len`].

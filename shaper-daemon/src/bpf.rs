@@ -27,9 +27,9 @@ use nix::{
     sys::statfs::{statfs, FsType, BPF_FS_MAGIC},
 };
 use shaper_common::{
-    flow_cache_expires, iface_slot, maps, ActiveClasses, ClassConfig, ClassState, ClassStats, FlowEntry, Globals,
-    IfaceConfig, IfaceSlot, Origin, RuleKey, RuleTarget, Tuple, FILTER_WORDS, FLOW_SLOTS, IFB_PROGRAM_NAME,
-    INGRESS_PROGRAM_NAME, MAP_LAYOUT_VERSION, MAX_CLASSES, MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS, PROGRAM_NAME,
+    class_slots, flow_cache_expires, iface_slot, maps, ActiveClasses, ClassConfig, ClassState, ClassStats, FlowEntry,
+    Globals, IfaceConfig, IfaceSlot, Origin, RuleKey, RuleTarget, Tuple, FILTER_WORDS, FLOW_SLOTS, IFB_PROGRAM_NAME,
+    INGRESS_PROGRAM_NAME, MAP_LAYOUT_VERSION, MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS, PROGRAM_NAME,
     RULES_PER_PACKET,
 };
 
@@ -81,8 +81,8 @@ pub enum BpfError {
         #[source]
         source: ProgramError,
     },
-    #[error("class id {0} is out of range (at most {MAX_CLASSES} classes)")]
-    ClassId(u32),
+    #[error("class id {id} is out of range: the class arrays hold {slots} classes")]
+    ClassId { id: u32, slots: u32 },
     #[error("{}: {action}", .path.display())]
     Pin {
         path: PathBuf,
@@ -258,6 +258,8 @@ pub struct Datapath {
     class_stats: PerCpuArray<MapData, ClassStats>,
     flows: Array<MapData, FlowEntry>,
     active: Array<MapData, ActiveClasses>,
+    /// The slots of the class arrays: class ids are below it.
+    class_slots: u32,
     links: Vec<Attached>,
     /// Where the maps (and TCX links) are pinned, if they are.
     pin_dir: Option<PathBuf>,
@@ -323,25 +325,41 @@ fn take<T: TryFrom<aya::maps::Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'s
 
 impl Datapath {
     /// Loads the embedded object and the program into the kernel (not yet attached), with
-    /// maps of its own.
+    /// maps of its own and class arrays of the fewest slots.
     pub fn load() -> Result<Self, BpfError> {
-        Self::from_loader(&mut EbpfLoader::new(), None)
+        Self::load_for(0)
+    }
+
+    /// [`Datapath::load`], with class arrays sized for a configuration of `classes` classes
+    /// ([`class_slots`]).
+    pub fn load_for(classes: usize) -> Result<Self, BpfError> {
+        Self::from_loader(&mut EbpfLoader::new(), None, class_slots(classes))
     }
 
     /// Loads the program with its maps pinned in a directory under `root` (on bpffs, mounted
     /// at `/sys/fs/bpf` if nothing is there yet), so that they outlive this process. Maps an
     /// earlier shaperd pinned there are taken over with their contents: the class clocks,
-    /// counters and rules carry on. Returns whether they were.
-    pub fn load_pinned(root: &Path) -> Result<(Self, bool), BpfError> {
+    /// counters and rules carry on, and the class arrays keep the slots they were given.
+    /// Otherwise the class arrays are sized for `classes` classes ([`class_slots`]).
+    /// Returns whether the maps were taken over.
+    pub fn load_pinned(root: &Path, classes: usize) -> Result<(Self, bool), BpfError> {
         ensure_bpffs(root)?;
         let dir = root.join(format!("v{MAP_LAYOUT_VERSION}"));
         std::fs::create_dir_all(&dir).map_err(pin_err(&dir, "creating the pin directory"))?;
         let adopted = dir.join(maps::GLOBALS).exists();
+        let slots = if adopted {
+            let pin = dir.join(maps::CLASS_CONFIG);
+            aya::maps::MapInfo::from_pin(&pin)
+                .map_err(map_err(maps::CLASS_CONFIG, format!("reading the size of {}", pin.display())))?
+                .max_entries()
+        } else {
+            class_slots(classes)
+        };
         let mut loader = EbpfLoader::new();
         for name in maps::ALL {
             loader.map_pin_path(name, dir.join(name));
         }
-        let mut datapath = Self::from_loader(&mut loader, Some(dir))?;
+        let mut datapath = Self::from_loader(&mut loader, Some(dir), slots)?;
         if adopted {
             // What the rule banks hold was written by the earlier process.
             datapath.banks = [BankContents::default(), BankContents::default()];
@@ -349,7 +367,10 @@ impl Datapath {
         Ok((datapath, adopted))
     }
 
-    fn from_loader(loader: &mut EbpfLoader<'_>, pin_dir: Option<PathBuf>) -> Result<Self, BpfError> {
+    fn from_loader(loader: &mut EbpfLoader<'_>, pin_dir: Option<PathBuf>, class_slots: u32) -> Result<Self, BpfError> {
+        for name in [maps::CLASS_CONFIG, maps::CLASS_STATE, maps::CLASS_STATS] {
+            loader.map_max_entries(name, class_slots);
+        }
         let mut ebpf = loader.load(OBJECT).map_err(BpfError::Load)?;
         let program: &mut SchedClassifier = ebpf
             .program_mut(PROGRAM_NAME)
@@ -387,6 +408,7 @@ impl Datapath {
             class_stats: take(&mut ebpf, maps::CLASS_STATS)?,
             flows: take(&mut ebpf, maps::FLOWS)?,
             active: take(&mut ebpf, maps::ACTIVE)?,
+            class_slots,
             ebpf,
             links: Vec::new(),
             pin_dir,
@@ -395,6 +417,12 @@ impl Datapath {
             banks: [BankContents::empty(), BankContents::empty()],
             journal: None,
         })
+    }
+
+    /// The slots of the class arrays: every class id is below it.
+    #[must_use]
+    pub fn class_slots(&self) -> u32 {
+        self.class_slots
     }
 
     /// The loaded shaper program (for `BPF_PROG_TEST_RUN`).
@@ -1046,8 +1074,8 @@ impl Datapath {
 
     /// Sets a class's rate (bytes/s; 0 = unpaced) and drop horizon.
     pub fn set_class(&mut self, class: u32, config: ClassConfig) -> Result<(), BpfError> {
-        if class >= MAX_CLASSES {
-            return Err(BpfError::ClassId(class));
+        if class >= self.class_slots {
+            return Err(BpfError::ClassId { id: class, slots: self.class_slots });
         }
         if self.journal.is_some() {
             let old = self.class_config(class)?;
@@ -1058,8 +1086,8 @@ impl Datapath {
 
     /// Zeroes a class's counters and pacing state (for a class id that is given up).
     pub fn reset_class(&mut self, class: u32) -> Result<(), BpfError> {
-        if class >= MAX_CLASSES {
-            return Err(BpfError::ClassId(class));
+        if class >= self.class_slots {
+            return Err(BpfError::ClassId { id: class, slots: self.class_slots });
         }
         let cpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Map {
             name: maps::CLASS_STATS,

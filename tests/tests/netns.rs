@@ -169,31 +169,39 @@ fn pinned_datapath_is_taken_over_in_place() {
             // SAFETY: valid NUL-terminated name.
             let ifindex = unsafe { libc::if_nametoindex(c"lan0".as_ptr()) };
             let baseline = shaper_tcx_links();
-            let (mut first, adopted) = Datapath::load_pinned(&root).expect("loading with pins");
+            // Class arrays sized for 2000 classes (4096 slots), so that a class id above the
+            // fewest slots (1024) is shaped, pinned and taken over.
+            let (mut first, adopted) = Datapath::load_pinned(&root, 2000).expect("loading with pins");
             assert!(!adopted);
+            assert_eq!(first.class_slots(), 4096);
+            const BIG: u32 = 3000;
             first
                 .set_iface(
                     ifindex,
                     IfaceConfig { slot: 0, default_class: 3, flags: IFACE_ENABLED, ..IfaceConfig::default() },
                 )
                 .unwrap();
-            first.load_rules(&compile(&[rule(0, 1, "10.79.0.1/32")]).unwrap()).unwrap();
+            first.load_rules(&compile(&[rule(0, BIG, "10.79.0.1/32")]).unwrap()).unwrap();
             let fast = ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: 1_000_000_000, ..ClassConfig::default() };
-            first.set_class(1, fast).unwrap();
+            first.set_class(BIG, fast).unwrap();
             let (_, took_over) = first.attach("lan0", Hook::Egress).unwrap();
             assert!(!took_over);
             gw.sh(&["ping", "-q", "-c", "5", "-i", "0.01", "10.79.0.100"]);
-            let counted = first.class_stats(1).unwrap().packets;
+            let counted = first.class_stats(BIG).unwrap().packets;
             assert!(counted >= 5, "{counted}");
             // The process "exits" leaving everything in place.
             first.leave_in_place();
             drop(first);
             gw.sh(&["ping", "-q", "-c", "5", "-i", "0.01", "10.79.0.100"]);
 
-            let (mut second, adopted) = Datapath::load_pinned(&root).expect("taking over the pins");
+            // Asked for the fewest slots, it keeps the arrays it takes over, at their size.
+            let (mut second, adopted) = Datapath::load_pinned(&root, 0).expect("taking over the pins");
             assert!(adopted, "the maps an earlier process pinned are taken over");
-            assert!(second.class_stats(1).unwrap().packets >= counted + 5, "shaping went on without a process");
-            assert_eq!(second.class_config(1).unwrap(), fast, "the rates are the ones left");
+            assert_eq!(second.class_slots(), 4096, "the class arrays taken over keep their slots");
+            assert!(second.class_stats(BIG).unwrap().packets >= counted + 5, "shaping went on without a process");
+            assert_eq!(second.class_config(BIG).unwrap(), fast, "the rates are the ones left");
+            let beyond = second.set_class(4096, fast).unwrap_err().to_string();
+            assert_eq!(beyond, "class id 4096 is out of range: the class arrays hold 4096 classes");
             let (_, took_over) = second.attach("lan0", Hook::Egress).unwrap();
             assert!(took_over, "the pinned link is reused");
             assert_eq!(shaper_tcx_links(), baseline + 1, "no second attachment");

@@ -11,6 +11,7 @@
 )]
 
 use std::{
+    fmt::Write as _,
     os::unix::fs::PermissionsExt as _,
     process::Child,
     thread::sleep,
@@ -893,6 +894,22 @@ fn operations_runtime_changes_reload_and_prometheus() {
     assert!(daemon.log().contains("reload refused"), "{}", daemon.log());
     assert_eq!(generation(&topo), 2);
     assert_eq!(class(&topo, "guest").unwrap()["ceil"], 5_000_000, "the running configuration is untouched");
+
+    // A valid file whose classes outgrow the class arrays, sized for the four when shaperd
+    // started (1024 slots): refused, with the size and what to do; nothing changed.
+    let mut many = saved.replace("rate = \"4.9mbit\"", "rate = \"4.8mbit\"");
+    for n in 0..1100 {
+        write!(many, "\n[[class]]\nname = \"extra{n}\"\nrate = 80\nceil = \"1mbit\"\n").unwrap();
+    }
+    std::fs::write(&file, &many).unwrap();
+    let bad = topo.ctl(&["reload"]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("more than 1024 classes old and new together") && err.contains("restart"),
+        "{err}"
+    );
+    assert_eq!(generation(&topo), 2);
+    assert!(class(&topo, "extra0").is_none(), "no class of the refused file runs");
 
     // A good file: carl's class becomes dave's (3 mbit/s at most), with carl's host.
     let good = saved

@@ -1,7 +1,7 @@
 //! Where a `shaperctl` request is handled: `status`, the runtime changes of a class's rate,
 //! ceil or priority (written into the configuration file, then applied), and reloads.
 
-use shaper_common::{ClassConfig, MAX_CLASSES};
+use shaper_common::ClassConfig;
 use tracing::{info, instrument, warn};
 
 use super::{
@@ -139,8 +139,13 @@ impl State {
         }
         let previous: Vec<(&str, u32)> =
             self.config.classes.iter().zip(&self.classes).map(|(c, e)| (c.name.as_str(), e.id)).collect();
-        let ids = assign_ids(&new, &previous).ok_or_else(|| {
-            invalid(format!("{}: more than {MAX_CLASSES} classes old and new together", new.path.display()))
+        let slots = self.datapath.class_slots();
+        let ids = assign_ids(&new, &previous, slots).ok_or_else(|| {
+            invalid(format!(
+                "{}: more than {slots} classes old and new together, what the class arrays hold (sized for the \
+                 configuration shaperd started with): restart shaperd to size them for this one",
+                new.path.display()
+            ))
         })?;
         // A change of rates or priorities leaves the rules as they are: they are compiled and
         // switched only when they (or the class ids they resolve to) change.

@@ -3,8 +3,6 @@
 
 use std::collections::HashSet;
 
-use shaper_common::MAX_CLASSES;
-
 use crate::{config::Config, rules::RuleSpec};
 
 /// The rules of `config` with class and interface names resolved to ids; `ids[n]` is the
@@ -42,10 +40,11 @@ pub fn rule_specs(config: &Config, ids: &[u32]) -> Vec<RuleSpec> {
 /// Datapath ids for the classes of `config`: a class that `previous` (name, id) already has
 /// keeps its id, so its counters and pacing clock carry on; a new class takes the lowest id
 /// that no class of either configuration uses, so no packet of a removed class is counted
-/// for it while the rules switch over.
-pub(super) fn assign_ids(config: &Config, previous: &[(&str, u32)]) -> Option<Vec<u32>> {
+/// for it while the rules switch over. `None` if the ids run out: every id is below `slots`
+/// (the class arrays' size).
+pub(super) fn assign_ids(config: &Config, previous: &[(&str, u32)], slots: u32) -> Option<Vec<u32>> {
     let taken: HashSet<u32> = previous.iter().map(|&(_, id)| id).collect();
-    let mut free = (0..MAX_CLASSES).filter(|id| !taken.contains(id));
+    let mut free = (0..slots).filter(|id| !taken.contains(id));
     config
         .classes
         .iter()
@@ -60,10 +59,19 @@ mod tests {
 
     #[test]
     fn class_ids_are_kept_by_name_and_new_ones_never_reuse_an_old_id() {
-        let ids = assign_ids(&config(&["a", "b", "c"]), &[]).unwrap();
+        let ids = assign_ids(&config(&["a", "b", "c"]), &[], 1024).unwrap();
         assert_eq!(ids, [0, 1, 2]);
         // b removed, d added: a and c keep theirs; d takes neither b's nor anyone's.
-        let ids = assign_ids(&config(&["a", "c", "d"]), &[("a", 0), ("b", 1), ("c", 2)]).unwrap();
+        let ids = assign_ids(&config(&["a", "c", "d"]), &[("a", 0), ("b", 1), ("c", 2)], 1024).unwrap();
         assert_eq!(ids, [0, 2, 3]);
+    }
+
+    #[test]
+    fn class_ids_stay_below_the_slots_of_the_class_arrays() {
+        // Four slots: a, b and c keep 0-2, so only one new class fits beside them.
+        let previous = [("a", 0), ("b", 1), ("c", 2)];
+        assert_eq!(assign_ids(&config(&["a", "b", "c", "d"]), &previous, 4), Some(vec![0, 1, 2, 3]));
+        assert_eq!(assign_ids(&config(&["a", "d", "e"]), &previous, 4), None);
+        assert_eq!(assign_ids(&config(&["d", "e", "f", "g", "h"]), &[], 4), None);
     }
 }

@@ -75,6 +75,13 @@ pub enum DaemonError {
     /// The control socket could not be bound.
     #[error(transparent)]
     Socket(#[from] SocketError),
+    /// The class arrays taken over from an earlier shaperd are too small for the configuration.
+    #[error(
+        "{path}: its {classes} classes do not fit beside the earlier shaperd's in the {slots} slots of the class \
+         arrays taken over from it (sized for its configuration); stop shaperd, which removes its maps, and start \
+         it again to size them for this one"
+    )]
+    ClassSlots { path: PathBuf, classes: usize, slots: u32 },
     /// The kernel's link events could not be subscribed to.
     #[error("subscribing to the kernel's link events (rtnetlink), to follow interfaces that come and go")]
     LinkEvents(#[source] std::io::Error),
@@ -156,7 +163,8 @@ pub async fn run(
 ) -> Result<Exit, DaemonError> {
     let ifindexes = ifindexes(&config).map_err(|name| DaemonError::NoInterface { name, path: config.path.clone() })?;
     // Compiled before the kernel is touched, so that rules it cannot hold are refused first.
-    let fresh_ids = assign_ids(&config, &[]).expect("validated: at most MAX_CLASSES classes");
+    let fresh_ids = assign_ids(&config, &[], shaper_common::class_slots(config.classes.len()))
+        .expect("validated: at most MAX_CLASSES classes, which class_slots makes room for");
     let compiled = rules::compile(&rule_specs(&config, &fresh_ids))
         .map_err(|source| DaemonError::Rules { path: config.path.clone(), source })?;
     // What a running shaperd holds is checked before anything it shapes with is touched: the
@@ -174,8 +182,8 @@ pub async fn run(
     // Before the setup: what happens to an interface once it is set up waits there to be read.
     let link_events = links::Subscription::open().map_err(DaemonError::LinkEvents)?;
     let (mut datapath, adopted) = match &options.pin_dir {
-        Some(root) => Datapath::load_pinned(root)?,
-        None => (Datapath::load()?, false),
+        Some(root) => Datapath::load_pinned(root, config.classes.len())?,
+        None => (Datapath::load_for(config.classes.len())?, false),
     };
     if adopted {
         info!(pins = %options.pin_dir.as_deref().unwrap_or(Path::new("")).display(), "taking over the maps an earlier shaperd left");

@@ -112,7 +112,12 @@ impl Installed {
         };
         datapath.assume_bank_ports(handover.bank_ports.clone());
         let previous: Vec<(&str, u32)> = handover.classes.iter().map(|(n, id)| (n.as_str(), *id)).collect();
-        let ids = assign_ids(config, &previous).expect("validated: at most MAX_CLASSES classes");
+        let slots = datapath.class_slots();
+        let ids = assign_ids(config, &previous, slots).ok_or_else(|| DaemonError::ClassSlots {
+            path: config.path.clone(),
+            classes: config.classes.len(),
+            slots,
+        })?;
         let (fresh_ids, mut compiled) = fresh;
         if ids != fresh_ids {
             compiled = rules::compile(&rule_specs(config, &ids))

@@ -8,13 +8,12 @@
 use std::{fmt::Write as _, thread::sleep, time::Duration};
 
 use serde_json::json;
-use shaper_common::MAX_CLASSES;
 use shaper_tests::gateway::require_fq;
 
 use super::{proc_stat_field, proc_status_kb, topology};
 
-/// The large configuration's classes: all the datapath holds, less the default class's room.
-const MANY_CLASSES: usize = MAX_CLASSES as usize - 24;
+/// The large configuration's classes (a small ISP's subscribers, one class each).
+const MANY_CLASSES: usize = 10_000;
 /// The large configuration's rules, one host each (`10.128.0.0` and on), spread over its
 /// classes.
 const MANY_RULES: usize = 100_000;

@@ -266,7 +266,12 @@ mod tests {
             let _ = write!(text, "[[class]]\nname = \"c{n}\"\nrate = \"1kbit\"\n");
         }
         let line = line_of(&text, "[[class]]", MAX_CLASSES);
-        fails(&text, line, "class[1024]", &["too many classes (1025)", "at most 1024"]);
+        let (key, count, most) = (
+            format!("class[{MAX_CLASSES}]"),
+            format!("too many classes ({})", MAX_CLASSES + 1),
+            format!("at most {MAX_CLASSES}"),
+        );
+        fails(&text, line, &key, &[&count, &most]);
         // Exactly the maximum is fine.
         let cut = text.lines().take(line - 1).collect::<Vec<_>>().join("\n");
         let cut = cut.replace("default = \"guest\"", "default = \"c0\"");
