@@ -24,8 +24,9 @@ pub fn describe_changes(old: &Config, new: &Config) -> Vec<String> {
             out.push(format!("interface {}: linklayer {} -> {}", n.name, o.linklayer, n.linklayer));
         }
     }
+    let (old_at, new_at) = (old.class_positions(), new.class_positions());
     for n in &new.classes {
-        let Some(o) = old.class(&n.name) else {
+        let Some(o) = old_at.get(n.name.as_str()).map(|&p| &old.classes[p]) else {
             out.push(format!("class {}: added (rate {}, ceil {}, prio {})", n.name, n.rate, n.ceil, n.prio));
             continue;
         };
@@ -43,7 +44,7 @@ pub fn describe_changes(old: &Config, new: &Config) -> Vec<String> {
         field("aqm", format!("{:?}", o.aqm), format!("{:?}", n.aqm));
     }
     for o in &old.classes {
-        if new.class(&o.name).is_none() {
+        if !new_at.contains_key(o.name.as_str()) {
             out.push(format!("class {}: removed", o.name));
         }
     }

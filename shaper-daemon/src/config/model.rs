@@ -1,7 +1,7 @@
 //! The validated configuration: [`Config`] and the tables it holds, the limits and defaults
 //! they are checked against, and [`Config::load`] and [`Config::parse`], which build it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
@@ -130,6 +130,21 @@ impl Config {
     /// The child classes of class `name`, in file order.
     pub fn children<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Class> + 'a {
         self.classes.iter().filter(move |c| c.parent.as_deref() == Some(name))
+    }
+
+    /// Each class's position in `classes`, by name: for lookups of many names (one
+    /// [`Config::class`] is a walk of the classes).
+    #[must_use]
+    pub fn class_positions(&self) -> HashMap<&str, usize> {
+        self.classes.iter().enumerate().map(|(n, c)| (c.name.as_str(), n)).collect()
+    }
+
+    /// Whether each class (in file order) is a leaf: [`Config::is_leaf`] of every class in one
+    /// pass.
+    #[must_use]
+    pub fn leaf_flags(&self) -> Vec<bool> {
+        let parents: HashSet<&str> = self.classes.iter().filter_map(|c| c.parent.as_deref()).collect();
+        self.classes.iter().map(|c| !parents.contains(c.name.as_str())).collect()
     }
 
     /// The leaf classes, in file order.
@@ -523,6 +538,9 @@ rate = "2mbit"
         assert!(!config.is_leaf("nobody"));
         let leaves: Vec<&str> = config.leaves().map(|c| c.name.as_str()).collect();
         assert_eq!(leaves, ["a", "b", "guest"]);
+        assert_eq!(config.leaf_flags(), [false, true, true, true]);
+        let at = config.class_positions();
+        assert_eq!((at["house"], at["b"], at["guest"], at.get("nobody")), (0, 2, 3, None));
         let children: Vec<&str> = config.children("house").map(|c| c.name.as_str()).collect();
         assert_eq!(children, ["a", "b"]);
         assert!(config.class("nobody").is_none());

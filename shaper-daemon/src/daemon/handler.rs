@@ -157,10 +157,11 @@ impl State {
             Some(rules::compile(&specs).map_err(|e| invalid(format!("{}: {e}", new.path.display())))?)
         };
 
+        let old_at = self.config.class_positions();
+        let (new_at, new_leaves) = (new.class_positions(), new.leaf_flags());
         let mut entries = Vec::with_capacity(new.classes.len());
-        for (class, &id) in new.classes.iter().zip(&ids) {
-            let leaf = new.is_leaf(&class.name);
-            let kept = self.config.classes.iter().position(|c| c.name == class.name).map(|p| &self.classes[p]);
+        for ((class, &id), &leaf) in new.classes.iter().zip(&ids).zip(&new_leaves) {
+            let kept = old_at.get(class.name.as_str()).map(|&p| &self.classes[p]);
             entries.push(match kept {
                 Some(e) if e.leaf == leaf => e.carried_over(class.rate),
                 _ => ClassEntry::new(id, leaf, class.rate),
@@ -173,8 +174,9 @@ impl State {
             .iter()
             .zip(&self.classes)
             .filter_map(|(class, entry)| {
-                let gone = new.class(&class.name).is_none();
-                (gone || entry.leaf && !new.is_leaf(&class.name)).then_some((entry.id, gone))
+                let now = new_at.get(class.name.as_str());
+                let gone = now.is_none();
+                (gone || entry.leaf && now.is_some_and(|&p| !new_leaves[p])).then_some((entry.id, gone))
             })
             .collect();
         // All of it or none: a write the kernel refuses half-way puts back what was written.

@@ -1,7 +1,7 @@
 //! Datapath ids: which slot of the datapath's class arrays each class of a configuration
 //! takes, and its rules with names resolved to those ids.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::{config::Config, rules::RuleSpec};
 
@@ -9,7 +9,8 @@ use crate::{config::Config, rules::RuleSpec};
 /// datapath id of `config.classes[n]`.
 #[must_use]
 pub fn rule_specs(config: &Config, ids: &[u32]) -> Vec<RuleSpec> {
-    let position = |name: &str| config.classes.iter().position(|c| c.name == name).expect("validated");
+    let positions = config.class_positions();
+    let position = |name: &str| *positions.get(name).expect("validated");
     let slot = |iface: &str| config.interfaces.iter().position(|i| i.name == iface).expect("validated");
     config
         .rules
@@ -44,12 +45,9 @@ pub fn rule_specs(config: &Config, ids: &[u32]) -> Vec<RuleSpec> {
 /// (the class arrays' size).
 pub(super) fn assign_ids(config: &Config, previous: &[(&str, u32)], slots: u32) -> Option<Vec<u32>> {
     let taken: HashSet<u32> = previous.iter().map(|&(_, id)| id).collect();
+    let kept: HashMap<&str, u32> = previous.iter().copied().collect();
     let mut free = (0..slots).filter(|id| !taken.contains(id));
-    config
-        .classes
-        .iter()
-        .map(|c| previous.iter().find(|(name, _)| *name == c.name).map(|&(_, id)| id).or_else(|| free.next()))
-        .collect()
+    config.classes.iter().map(|c| kept.get(c.name.as_str()).copied().or_else(|| free.next())).collect()
 }
 
 #[cfg(test)]

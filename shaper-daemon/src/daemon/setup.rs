@@ -11,6 +11,7 @@
 //! what the earlier steps changed is undone before the error is returned, unless the datapath
 //! was taken over from an earlier shaperd: that one is left shaping, as it was left.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 
 use shaper_common::{IfaceConfig, IFACE_DOWNLOAD, IFACE_ENABLED, IFACE_L3, IFACE_NAT, LAN_L3, LINK_SLACK_PERCENT};
@@ -134,11 +135,11 @@ impl Installed {
             self.fq.push(qdisc::ensure_fq(&device, iface.replace_qdisc, fq_limits(config, &iface.name)).await?);
         }
         let mut classes = Vec::new();
-        for (class, &id) in config.classes.iter().zip(&ids) {
-            let leaf = config.is_leaf(&class.name);
+        let previous: HashSet<&str> = previous.iter().map(|&(n, _)| n).collect();
+        for ((class, &id), leaf) in config.classes.iter().zip(&ids).zip(config.leaf_flags()) {
             let mut entry = ClassEntry::new(id, leaf, class.rate);
             if leaf {
-                if previous.iter().any(|&(n, _)| n == class.name) {
+                if previous.contains(class.name.as_str()) {
                     // Go on at the rate the class was paced at, not back to its guarantee.
                     let paced = Rate::from_bits_per_sec(datapath.class_config(id)?.rate_bytes.saturating_mul(8));
                     entry.pacing_rate = paced.max(class.rate).min(class.ceil);

@@ -2,6 +2,8 @@
 //! consistent with one another (a rule whose fields no packet can have at once is an error,
 //! not a rule that silently never matches).
 
+use std::collections::HashMap;
+
 use ipnet::IpNet;
 use toml::Spanned;
 
@@ -14,10 +16,10 @@ use crate::config::values::{
     parse_tcp_flags, proto_name, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
 };
 
-/// Checks that a rule's `class` names a leaf class.
-fn rule_class(wanted: &str, classes: &[ClassDraft]) -> Result<String, Problem> {
+/// Checks that a rule's `class` names a leaf class (`index`: the classes' positions by name).
+fn rule_class(wanted: &str, classes: &[ClassDraft], index: &HashMap<&str, usize>) -> Result<String, Problem> {
     let leaves = || list(classes.iter().filter(|c| c.children.is_empty()).map(|c| c.name.as_str()));
-    let Some(class) = classes.iter().find(|c| c.name == *wanted) else {
+    let Some(class) = index.get(wanted).map(|&n| &classes[n]) else {
         return Err(Problem::new(format!("no class named {wanted:?}; expected a leaf class: {}", leaves())));
     };
     if !class.children.is_empty() {
@@ -33,11 +35,18 @@ fn rule_class(wanted: &str, classes: &[ClassDraft]) -> Result<String, Problem> {
 impl Validator<'_> {
     /// The rules, in file order.
     pub(super) fn rules(&self, raw: &[Spanned<RawRule>], classes: &[ClassDraft]) -> Result<Vec<Rule>, ConfigError> {
-        raw.iter().enumerate().map(|(i, rule)| self.rule(i, rule, classes)).collect()
+        let by_name: HashMap<&str, usize> = classes.iter().enumerate().map(|(n, c)| (c.name.as_str(), n)).collect();
+        raw.iter().enumerate().map(|(i, rule)| self.rule(i, rule, classes, &by_name)).collect()
     }
 
     /// Checks rule number `index`: its class, then each match field.
-    fn rule(&self, index: usize, spanned: &Spanned<RawRule>, classes: &[ClassDraft]) -> Result<Rule, ConfigError> {
+    fn rule(
+        &self,
+        index: usize,
+        spanned: &Spanned<RawRule>,
+        classes: &[ClassDraft],
+        by_name: &HashMap<&str, usize>,
+    ) -> Result<Rule, ConfigError> {
         let line = self.line(spanned);
         let raw = spanned.get_ref();
         let key = |field: &str| format!("rule[{index}].{field}");
@@ -47,7 +56,7 @@ impl Validator<'_> {
             line,
             "name the leaf class this rule sends packets to, e.g. class = \"guest\"",
         )?;
-        let class = self.check(&key("class"), class, |wanted| rule_class(wanted, classes))?;
+        let class = self.check(&key("class"), class, |wanted| rule_class(wanted, classes, by_name))?;
 
         let net = |field: &str, value: &Option<Spanned<String>>| {
             value.as_ref().map(|v| self.check(&key(field), v, |text| parse_net(text))).transpose()
