@@ -19,6 +19,7 @@ pub const MIN_CLASS_SLOTS: u32 = 1024;
 /// holds, so both sets live side by side while the rules switch over), as a power of two,
 /// at least [`MIN_CLASS_SLOTS`], at most [`MAX_CLASSES`].
 #[must_use]
+#[allow(clippy::cast_possible_truncation, reason = "the power of two is below MAX_CLASSES where it is cast")]
 pub const fn class_slots(classes: usize) -> u32 {
     let wanted = classes.saturating_mul(2);
     if wanted <= MIN_CLASS_SLOTS as usize {
@@ -26,7 +27,6 @@ pub const fn class_slots(classes: usize) -> u32 {
     } else if wanted >= MAX_CLASSES as usize {
         MAX_CLASSES
     } else {
-        // Below MAX_CLASSES here, so it fits.
         wanted.next_power_of_two() as u32
     }
 }

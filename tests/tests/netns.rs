@@ -171,23 +171,23 @@ fn pinned_datapath_is_taken_over_in_place() {
             let baseline = shaper_tcx_links();
             // Class arrays sized for 2000 classes (4096 slots), so that a class id above the
             // fewest slots (1024) is shaped, pinned and taken over.
+            let big: u32 = 3000;
             let (mut first, adopted) = Datapath::load_pinned(&root, 2000).expect("loading with pins");
             assert!(!adopted);
             assert_eq!(first.class_slots(), 4096);
-            const BIG: u32 = 3000;
             first
                 .set_iface(
                     ifindex,
                     IfaceConfig { slot: 0, default_class: 3, flags: IFACE_ENABLED, ..IfaceConfig::default() },
                 )
                 .unwrap();
-            first.load_rules(&compile(&[rule(0, BIG, "10.79.0.1/32")]).unwrap()).unwrap();
+            first.load_rules(&compile(&[rule(0, big, "10.79.0.1/32")]).unwrap()).unwrap();
             let fast = ClassConfig { rate_bytes: 1_000_000_000, horizon_ns: 1_000_000_000, ..ClassConfig::default() };
-            first.set_class(BIG, fast).unwrap();
+            first.set_class(big, fast).unwrap();
             let (_, took_over) = first.attach("lan0", Hook::Egress).unwrap();
             assert!(!took_over);
             gw.sh(&["ping", "-q", "-c", "5", "-i", "0.01", "10.79.0.100"]);
-            let counted = first.class_stats(BIG).unwrap().packets;
+            let counted = first.class_stats(big).unwrap().packets;
             assert!(counted >= 5, "{counted}");
             // The process "exits" leaving everything in place.
             first.leave_in_place();
@@ -198,8 +198,8 @@ fn pinned_datapath_is_taken_over_in_place() {
             let (mut second, adopted) = Datapath::load_pinned(&root, 0).expect("taking over the pins");
             assert!(adopted, "the maps an earlier process pinned are taken over");
             assert_eq!(second.class_slots(), 4096, "the class arrays taken over keep their slots");
-            assert!(second.class_stats(BIG).unwrap().packets >= counted + 5, "shaping went on without a process");
-            assert_eq!(second.class_config(BIG).unwrap(), fast, "the rates are the ones left");
+            assert!(second.class_stats(big).unwrap().packets >= counted + 5, "shaping went on without a process");
+            assert_eq!(second.class_config(big).unwrap(), fast, "the rates are the ones left");
             let beyond = second.set_class(4096, fast).unwrap_err().to_string();
             assert_eq!(beyond, "class id 4096 is out of range: the class arrays hold 4096 classes");
             let (_, took_over) = second.attach("lan0", Hook::Egress).unwrap();
