@@ -149,8 +149,7 @@ impl Config {
 
     /// The leaf classes, in file order.
     pub fn leaves(&self) -> impl Iterator<Item = &Class> + '_ {
-        let parents: HashSet<&str> = self.classes.iter().filter_map(|c| c.parent.as_deref()).collect();
-        self.classes.iter().filter(move |c| !parents.contains(c.name.as_str()))
+        self.classes.iter().zip(self.leaf_flags()).filter_map(|(c, leaf)| leaf.then_some(c))
     }
 }
 

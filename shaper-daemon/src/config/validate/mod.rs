@@ -11,6 +11,7 @@ mod interfaces;
 mod rules;
 mod tree;
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -54,6 +55,12 @@ struct ClassDraft {
     isolation: Isolation,
     marking: Marking,
     children: Vec<usize>,
+}
+
+/// Each class's position in `classes`, by name (names are unique by then): for the lookups
+/// of parents and of rules' classes, one per class or rule.
+fn positions(classes: &[ClassDraft]) -> HashMap<&str, usize> {
+    classes.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect()
 }
 
 /// Checks the raw configuration and builds the public one.

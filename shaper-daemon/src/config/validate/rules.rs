@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use ipnet::IpNet;
 use toml::Spanned;
 
-use super::{ClassDraft, Validator};
+use super::{positions, ClassDraft, Validator};
 use crate::config::error::{ConfigError, Problem};
 use crate::config::model::Rule;
 use crate::config::raw::{RawRule, Scalar};
@@ -35,7 +35,7 @@ fn rule_class(wanted: &str, classes: &[ClassDraft], index: &HashMap<&str, usize>
 impl Validator<'_> {
     /// The rules, in file order.
     pub(super) fn rules(&self, raw: &[Spanned<RawRule>], classes: &[ClassDraft]) -> Result<Vec<Rule>, ConfigError> {
-        let by_name: HashMap<&str, usize> = classes.iter().enumerate().map(|(n, c)| (c.name.as_str(), n)).collect();
+        let by_name = positions(classes);
         raw.iter().enumerate().map(|(i, rule)| self.rule(i, rule, classes, &by_name)).collect()
     }
 

@@ -2,9 +2,7 @@
 //! rates and ceils resolved from the top down, the children's guaranteed rates within their
 //! parent's, and each interface's default a leaf class of it.
 
-use std::collections::HashMap;
-
-use super::{ClassDraft, IfaceDraft, Validator};
+use super::{positions, ClassDraft, IfaceDraft, Validator};
 use crate::config::error::{ConfigError, Problem};
 use crate::config::values::{fmt_sum, list};
 use crate::rate::{Rate, RateSpec};
@@ -23,7 +21,7 @@ impl Validator<'_> {
         classes: &mut [ClassDraft],
         interfaces: &[IfaceDraft],
     ) -> Result<(), ConfigError> {
-        let index: HashMap<&str, usize> = classes.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect();
+        let index = positions(classes);
         let mut parents = vec![None; classes.len()];
         for (i, class) in classes.iter().enumerate() {
             let Some(parent) = &class.parent_name else {
