@@ -1070,8 +1070,9 @@ fn failing_shaperd(topo: &Topology, name: &str, config: &str) -> (std::process::
 
 /// Faults at start never cost the shaping in place: a second shaperd started next to a
 /// running one (same configuration and pins, its own socket) exits before it touches
-/// anything, and so does a shaperd that, after the first was killed, finds the metrics port
-/// taken: the class stays paced at its rate throughout, with one filter attached.
+/// anything, and so do a shaperd that, after the first was killed, finds the metrics port
+/// taken, and one whose configuration has more classes than the pinned class arrays hold:
+/// the class stays paced at its rate throughout, with one filter attached.
 #[test]
 fn a_start_that_fails_leaves_the_running_shaper_as_it_was() {
     // Long enough for the raised rate's window on a slow emulator: the refused shaperd's
@@ -1123,6 +1124,16 @@ fn a_start_that_fails_leaves_the_running_shaper_as_it_was() {
     assert!(stderr.contains("9640"), "{stderr}");
     assert_eq!(egress_filters(&topo, "wan0"), 1, "the filter the first one left is still attached");
     assert!(topo.pin_dir().exists(), "the pins the first one left are still there");
+    // A restart with more classes than the class arrays it would take over hold (sized for
+    // the first one's two) gives up too, saying what to do.
+    let mut grown = KILL_CONFIG.to_owned();
+    for n in 0..1100 {
+        write!(grown, "\n[[class]]\nname = \"extra{n}\"\nrate = 80\nceil = \"1mbit\"\n").unwrap();
+    }
+    let (status, stderr) = failing_shaperd(&topo, "grown", &grown);
+    assert!(!status.success(), "shaperd started with classes the arrays do not hold: {stderr}");
+    assert!(stderr.contains("1102 classes do not fit") && stderr.contains("1024 slots"), "{stderr}");
+    assert_eq!(egress_filters(&topo, "wan0"), 1, "the filter the first one left is still attached");
 
     let intervals = receiver_intervals(flow);
     drop(server);
