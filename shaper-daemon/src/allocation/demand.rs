@@ -581,12 +581,8 @@ pub(crate) fn mul_div(a: u64, b: u64, c: u64) -> u64 {
 }
 
 /// Appends `sample`, taken at `now`, to a time series and forgets what is older than
-/// `window`, keeping the newest sample at or before the window's start: it marks the start.
-pub fn slide<T>(samples: &mut VecDeque<(u64, T)>, now: u64, sample: T, window: u64) {
-    slide_with(samples, now, sample, window, drop);
-}
-
-/// [`slide`], handing each sample it forgets to `forgotten`.
+/// `window`, keeping the newest sample at or before the window's start (it marks the start);
+/// hands each sample it forgets to `forgotten`.
 fn slide_with<T>(samples: &mut VecDeque<(u64, T)>, now: u64, sample: T, window: u64, mut forgotten: impl FnMut(T)) {
     samples.push_back((now, sample));
     while samples.len() > 2 && samples.get(1).is_some_and(|s| now.saturating_sub(s.0) >= window) {
@@ -878,12 +874,13 @@ mod tests {
 
     #[test]
     fn slide_keeps_the_window_start() {
-        let mut v = VecDeque::new();
+        let (mut v, mut forgotten) = (VecDeque::new(), Vec::new());
         for t in 0..10u64 {
-            slide(&mut v, t * 10, t, 30);
+            slide_with(&mut v, t * 10, t, 30, |old| forgotten.push(old));
         }
         assert_eq!(v.front().unwrap().0, 60);
         assert_eq!(v.back().unwrap().0, 90);
+        assert_eq!(forgotten, [0, 1, 2, 3, 4, 5]);
     }
 
     #[test]
