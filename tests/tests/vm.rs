@@ -992,6 +992,28 @@ fn http_get(addr: &str, path: &str) -> String {
     body.to_owned()
 }
 
+/// shaperd's metrics, scraped in the gateway's namespace.
+fn scrape(topo: &Topology) -> String {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            topo.gw.enter();
+            http_get("127.0.0.1:9640", "/metrics")
+        })
+        .join()
+        .expect("the scraping thread panicked")
+    })
+}
+
+/// The value of the sample `series` in a scrape's `body`.
+fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// The value of the sample `series` in shaperd's metrics (scraped in the gateway).
+fn metric(topo: &Topology, series: &str) -> Option<f64> {
+    sample(&scrape(topo), series)
+}
+
 /// One static 2 mbit/s class for 10.1.0.2 on wan0, for the restart and link-event tests.
 const KILL_CONFIG: &str = r#"
 [[interface]]

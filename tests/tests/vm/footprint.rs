@@ -12,7 +12,7 @@ use std::{fmt::Write as _, thread::sleep, time::Duration};
 use serde_json::json;
 use shaper_tests::gateway::require_fq;
 
-use super::{http_get, proc_stat_field, proc_status_kb, topology};
+use super::{proc_stat_field, proc_status_kb, sample, scrape, topology};
 
 /// The large configuration's classes (a small ISP's subscribers, one class each).
 const MANY_CLASSES: usize = 10_000;
@@ -46,19 +46,9 @@ fn cpu_ticks(pid: u32) -> u64 {
 /// The sum (s) and count of shaperd's allocator ticks so far, from its `/metrics` (read in
 /// the gateway's namespace).
 fn ticks_so_far(topo: &shaper_tests::gateway::Topology) -> (f64, f64) {
-    let body = std::thread::scope(|s| {
-        s.spawn(|| {
-            topo.gw.enter();
-            http_get("127.0.0.1:9640", "/metrics")
-        })
-        .join()
-        .expect("the scrape thread panicked")
-    });
-    let value = |name: &str| -> f64 {
-        let line = body.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in {body}"));
-        line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
-    };
-    (value("shaper_allocator_tick_duration_seconds_sum "), value("shaper_allocator_tick_duration_seconds_count "))
+    let body = scrape(topo);
+    let value = |series: &str| sample(&body, series).unwrap_or_else(|| panic!("no {series} in {body}"));
+    (value("shaper_allocator_tick_duration_seconds_sum"), value("shaper_allocator_tick_duration_seconds_count"))
 }
 
 /// A `kB` field of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`), in MiB.

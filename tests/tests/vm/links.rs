@@ -15,7 +15,7 @@ use shaper_tests::{
 };
 
 // One 2 mbit/s class for 10.1.0.2 on wan0.
-use super::{egress_filters, http_get, topology, KILL_CONFIG as CONFIG};
+use super::{egress_filters, metric, topology, KILL_CONFIG as CONFIG};
 
 /// Length of each flow, and the steady part measured (after TCP's start, before the end).
 const FLOW: u32 = 11;
@@ -86,19 +86,6 @@ fn flow_rate(topo: &Topology, port: u16, mtu: f64) -> f64 {
     let wire_per_goodput =
         if (mtu - 1500.0).abs() < f64::EPSILON { WIRE_PER_GOODPUT } else { (mtu + 14.0) / (mtu - 52.0) };
     goodput(&intervals, FROM, TO) * wire_per_goodput
-}
-
-/// The value of the sample `series` in shaperd's metrics (scraped in the gateway).
-fn metric(topo: &Topology, series: &str) -> Option<f64> {
-    let body = std::thread::scope(|s| {
-        s.spawn(|| {
-            topo.gw.enter();
-            http_get("127.0.0.1:9640", "/metrics")
-        })
-        .join()
-        .expect("the scraping thread panicked")
-    });
-    body.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 const REATTACHMENTS: &str = r#"shaper_interface_reattachments_total{interface="wan0"}"#;
