@@ -481,9 +481,7 @@ impl Estimator {
     /// The offered rate from time `t0`, when the class had offered `bytes0`, to the
     /// observation, bits/s.
     fn rate_between(t0: u64, bytes0: u64, o: &Observation) -> u64 {
-        let bytes = o.counters.offered_bytes.saturating_sub(bytes0);
-        let ns = o.now_ns.saturating_sub(t0);
-        mul_div(bytes, 8_000_000_000, ns)
+        bits_per_sec(o.counters.offered_bytes.saturating_sub(bytes0), o.now_ns.saturating_sub(t0))
     }
 
     /// The newest sample of the class's history (rows `first..`) at least `window` old.
@@ -559,6 +557,11 @@ pub fn fair_share(rate: u64, limited: bool, light: u64, over: u64, near: u64, pr
     let target = if limited { rate.saturating_sub(light).checked_div(over + near).unwrap_or(rate) } else { rate };
     let floor = if previous == 0 { rate } else { previous / 2 };
     target.clamp(floor.min(rate), rate).max(1)
+}
+
+/// The rate of `bytes` over `ns`, bits/s (0 over no time).
+pub(crate) fn bits_per_sec(bytes: u64, ns: u64) -> u64 {
+    mul_div(bytes, 8_000_000_000, ns)
 }
 
 /// `value * (100 + percent) / 100`, saturating.

@@ -384,7 +384,7 @@ impl State {
                 let now = (stats.share_under_bytes, stats.hosts_over, stats.hosts_near);
                 let (under, over, near) = std::mem::replace(&mut entry.share_counters, now);
                 hosts[node] = (
-                    demand::mul_div(now.0.saturating_sub(under), 8_000_000_000, elapsed),
+                    demand::bits_per_sec(now.0.saturating_sub(under), elapsed),
                     now.1.saturating_sub(over),
                     now.2.saturating_sub(near),
                 );
