@@ -425,6 +425,14 @@ impl Datapath {
         self.class_slots
     }
 
+    /// The instructions the kernel's verifier walked to load the egress program (each path
+    /// it could not prune walks its instructions again), if the kernel says (Linux 5.16+).
+    /// The kernel refuses a program past 1,000,000; loading takes time in proportion.
+    #[must_use]
+    pub fn verified_instructions(&self) -> Option<u32> {
+        self.program().info().ok().and_then(|info| info.verified_instruction_count())
+    }
+
     /// The loaded shaper program (for `BPF_PROG_TEST_RUN`).
     #[must_use]
     pub fn program(&self) -> &SchedClassifier {

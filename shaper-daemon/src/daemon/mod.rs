@@ -24,6 +24,7 @@ mod state;
 use std::{
     path::{Path, PathBuf},
     sync::Arc,
+    time::Instant,
 };
 
 use futures::future::OptionFuture;
@@ -181,10 +182,12 @@ pub async fn run(
     };
     // Before the setup: what happens to an interface once it is set up waits there to be read.
     let link_events = links::Subscription::open().map_err(DaemonError::LinkEvents)?;
+    let loading = Instant::now();
     let (mut datapath, adopted) = match &options.pin_dir {
         Some(root) => Datapath::load_pinned(root, config.classes.len())?,
         None => (Datapath::load_for(config.classes.len())?, false),
     };
+    info!(took_ms = loading.elapsed().as_millis(), verified_instructions = ?datapath.verified_instructions(), "loaded the datapath");
     if adopted {
         info!(pins = %options.pin_dir.as_deref().unwrap_or(Path::new("")).display(), "taking over the maps an earlier shaperd left");
     }
