@@ -27,14 +27,15 @@ const VM_TEST_PACKAGE: &str = "shaper-tests";
 const VM_TEST_FEATURE: &str = "vm";
 const VM_TEST_TARGET: &str = "vm";
 
-/// The VM tests run on the TCX kernel too: static pacing, a failed start beside a running
-/// shaperd, kill -9 + takeover + upgrade, reload, fq's installation, an upgrade to another map
-/// layout that also drops an interface, and interfaces that come and go. Together they
-/// attach, adopt, replace and remove the TCX link every way shaperd does, in about 10 minutes;
-/// the rest (sharing, latency, isolation) is the same datapath whatever attaches it, and runs
-/// on 6.1.
+/// The VM tests run on the TCX kernel too: a failed start beside a running shaperd (with the
+/// class rates it measures before and after), kill -9 + takeover + upgrade, reload, fq's
+/// installation, an upgrade to another map layout that also drops an interface, interfaces
+/// that come and go, NAT's LAN-ingress program and the IFB's redirect program. Together they
+/// attach, adopt, replace and remove the TCX links every way shaperd does, in about 8 minutes
+/// (each test 16-82 s on the machine of 2026-11-28); the rest (static pacing, sharing,
+/// latency, isolation, seed 001 through the IFB) is the same datapath whatever attaches it,
+/// and runs on 6.1.
 const TCX_VM_TESTS: &[&str] = &[
-    "static_classes_of_2_3_5_mbit_are_paced_within_two_percent",
     "a_start_that_fails_leaves_the_running_shaper_as_it_was",
     "killed_daemon_keeps_shaping_and_a_new_one_takes_over",
     "operations_runtime_changes_reload_and_prometheus",
@@ -42,8 +43,8 @@ const TCX_VM_TESTS: &[&str] = &[
     "upgrades::the_next_shaperd_takes_over_what_it_shapes_and_gives_back_the_rest",
     "links::interfaces_that_come_and_go_are_shaped_again_within_a_second",
     "nat::behind_a_masquerading_gateway_hosts_are_classified_by_their_own_addresses",
-    // The download redirected to an IFB: act_mirred under clsact, a redirect program under TCX.
-    "ifb::seed_001_on_wan_ingress_through_an_ifb",
+    // The download redirected to an IFB: act_mirred under clsact, a redirect program under
+    // TCX; the handover measures the download shaped through it.
     "ifb::the_ifb_is_handed_over_follows_wan0_and_goes_on_stop",
 ];
 
@@ -88,7 +89,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
         ("dependencies", Box::new(deps::check)),
         ("host tests", complete(host_tests)),
         ("bench", complete(|| bench::run(&bench::BenchArgs { short: true, forwarding: false }))),
-        // The 6.1 suite's reruns leave the 6.12 stage its time (742 s in CI).
+        // The 6.1 suite's reruns leave the 6.12 stage its time (`TCX_STAGE`).
         ("vm tests", Box::new(move || vm_suite(KernelLine::V6_1, &[], vm_timeout, before_tcx))),
         ("vm tests (6.12, TCX)", Box::new(move || vm_suite(KernelLine::V6_12, TCX_VM_TESTS, vm_timeout, deadline))),
     ];
@@ -226,8 +227,10 @@ const RERUN_AT_MOST: usize = 10;
 const RERUN_BOOT: Duration = Duration::from_secs(45);
 const RERUN_PER_TEST: Duration = Duration::from_secs(120);
 
-/// What the 6.12 stage is reckoned to take (742 s in CI).
-const TCX_STAGE: Duration = Duration::from_secs(800);
+/// What the 6.12 stage is reckoned to take: its eight tests took 461 s on the machine of
+/// 2026-11-28, and CI's VM tests run up to 1.3 times as long; then the VM's boot. (The ten it
+/// ran before took 577 s there and 742 s in one CI run.)
+const TCX_STAGE: Duration = Duration::from_secs(720);
 
 /// A stage of VM tests, as [`vm_tests`], except that if at most [`RERUN_AT_MOST`] tests failed
 /// they are run once more in a new VM, if that can end before `deadline`. TCG's guest runs on
