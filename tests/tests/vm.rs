@@ -387,6 +387,13 @@ fn seed_000_rows() -> Vec<Row> {
     ]
 }
 
+/// The rows of [`seed_000_rows`] named `names` (each must be one of them).
+pub(crate) fn seed_000_rows_named(names: &[&str]) -> Vec<Row> {
+    let rows: Vec<Row> = seed_000_rows().into_iter().filter(|r| names.contains(&r.what)).collect();
+    assert_eq!(rows.len(), names.len(), "the rows {names:?} of the seed 000 table");
+    rows
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Proto {
     Tcp,
@@ -501,16 +508,16 @@ fn check_rows(rows: &[Row], measured: &[[f64; 4]], htb: Option<&[[f64; 4]]>, lab
 
 fn seed_000_table(proto: Proto) {
     require_fq();
-    let mut rows = seed_000_rows();
-    if proto == Proto::Udp {
+    let rows = if proto == Proto::Udp {
         // Floods that do not back off: borrowing split between two (alex + betty), a prio-0
         // class borrowing beside one (alex + guest), every guarantee held (all four). A flood
         // alone at the ceiling and a steady stream beside floods are `sharing.rs`'s ceiling
         // and steady-stream tests; the other rows ask the allocator nothing the TCP table
         // does not.
-        rows.retain(|r| ["alex + betty", "alex + guest", "all four"].contains(&r.what));
-        assert_eq!(rows.len(), 3, "the rows of the TCP table");
-    }
+        seed_000_rows_named(&["alex + betty", "alex + guest", "all four"])
+    } else {
+        seed_000_rows()
+    };
     // Linux HTB + fq_codel on the same topology and load: its shares are reported, its link
     // use is the floor of ours (the emulated CPUs that send four UDP floods also lose link
     // time under HTB).

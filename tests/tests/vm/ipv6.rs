@@ -13,7 +13,7 @@ use std::{process::Child, thread::sleep, time::Duration};
 
 use shaper_tests::gateway::{goodput, htb_fq_codel_commands, receiver_intervals, require_fq, Topology, SERVER6};
 
-use super::{check_rows, roommates, seed_000_rows, Load, Row, ROOMMATES};
+use super::{check_rows, roommates, seed_000_rows_named, Load, Row, ROOMMATES};
 
 /// The roommates' classes, by IPv6 prefix.
 const ROOMMATES6: &str = r#"
@@ -117,9 +117,7 @@ fn seed_000_shares_over_ipv6_with_classes_by_prefix() {
     };
     let config = parse(ROOMMATES6, "roommates6.toml");
     assert_eq!(summary(&config), summary(&parse(ROOMMATES, "roommates.toml")), "the roommates' classes");
-    let rows: Vec<Row> =
-        seed_000_rows().into_iter().filter(|r| ["alex + betty + carl", "all four"].contains(&r.what)).collect();
-    assert_eq!(rows.len(), 2, "the rows of the IPv4 table");
+    let rows = seed_000_rows_named(&["alex + betty + carl", "all four"]);
 
     let htb = {
         let topo = topology6("shaper-vm-ipv6-htb");
