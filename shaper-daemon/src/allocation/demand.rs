@@ -50,10 +50,14 @@
 
 use std::collections::VecDeque;
 
+use strength_reduce::StrengthReducedU64;
+
 /// Window over which the offered rate of a class that is not limited is measured.
 pub const RATE_WINDOW_NS: u64 = 400_000_000;
 /// Shortest window over which a class must have had a queue throughout to count as limited.
 pub const QUEUE_WINDOW_NS: u64 = 50_000_000;
+/// Shortest window over which the offered rate of a class limited a moment ago is read too.
+const RECENT_NS: u64 = 100_000_000;
 /// Headroom over the offered rate of a class that is not limited (2 %, plus 8 kbit/s so that
 /// a class that starts sending is not paced at nothing).
 pub const HEADROOM_PERCENT: u64 = 2;
@@ -120,13 +124,44 @@ pub struct Estimate {
 /// histories do not fit in the caches, and a class's own history, one block per class, made a
 /// tick wait on a load that missed them for each window of each class (at 10,000 classes,
 /// 1.5-2.8 ms a tick rather than 1.05-1.3, old and new builds alternated on one machine).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Histories {
     /// The rows with their times, oldest first, covering [`RATE_WINDOW_NS`]: the oldest is at
     /// or before its start.
     rows: VecDeque<(u64, Vec<Sample>)>,
     /// Rows forgotten, kept for the next ones.
     spare: Vec<Vec<Sample>>,
+    /// The rows' times, in one slice: what the searches for the start of a window read.
+    times: Vec<u64>,
+    /// The time between the two newest rows (1 ns if there is one row), as a divisor: where
+    /// a search starts.
+    spacing: StrengthReducedU64,
+    /// Per window of [`COMMON_WINDOWS`], the newest row at least that old at the last row's
+    /// time, if any: where that window starts for every class whose history reaches back to it.
+    common: [Option<usize>; COMMON_WINDOWS.len()],
+    /// The times of the rows a rate is most often read from (the first row and those of
+    /// `common`), each with the time from it to the last row as a divisor computed once.
+    elapsed: Vec<(u64, StrengthReducedU64)>,
+}
+
+/// The windows a class reads at the rates most classes are paced at (the queue window, the
+/// recent window and the silence window, at their floors): at 10,000 classes, searching the
+/// rows for each window of each class, and dividing by each window's length, were a third of
+/// a tick's estimates; a tick now finds each of these rows once, and divides by the time
+/// since it as multiplications.
+const COMMON_WINDOWS: [u64; 3] = [QUEUE_WINDOW_NS, RECENT_NS, SILENCE_NS];
+
+impl Default for Histories {
+    fn default() -> Self {
+        Self {
+            rows: VecDeque::new(),
+            spare: Vec::new(),
+            times: Vec::new(),
+            spacing: StrengthReducedU64::new(1),
+            common: [None; COMMON_WINDOWS.len()],
+            elapsed: Vec::new(),
+        }
+    }
 }
 
 impl Histories {
@@ -143,6 +178,7 @@ impl Histories {
         if self.rows.back().is_none_or(|&(last, _)| now > last) {
             let row = self.spare.pop().unwrap_or_default();
             slide_with(&mut self.rows, now, row, RATE_WINDOW_NS, |row| self.spare.push(row));
+            self.find_common(now);
         }
         // What a row held before it was reused is never read: each estimator knows which rows
         // hold its class's samples.
@@ -151,9 +187,38 @@ impl Histories {
         }
     }
 
+    /// Keeps the rows' times, and finds the rows [`Self::common`] and [`Self::elapsed`] keep,
+    /// for the row at `now`.
+    fn find_common(&mut self, now: u64) {
+        let rows = &self.rows;
+        self.times.clear();
+        self.times.extend(rows.iter().map(|&(t, _)| t));
+        let n = self.times.len();
+        let spacing = if n >= 2 { self.times[n - 1].saturating_sub(self.times[n - 2]).max(1) } else { 1 };
+        self.spacing = StrengthReducedU64::new(spacing);
+        self.common = COMMON_WINDOWS.map(|window| self.times.iter().rposition(|&t| now.saturating_sub(t) >= window));
+        self.elapsed.clear();
+        let times = std::iter::once(0).chain(self.common.iter().flatten().copied()).map(|i| rows[i].0);
+        for t in times {
+            let ns = now - t;
+            if ns > 0 && self.elapsed.iter().all(|&(seen, _)| seen != t) {
+                self.elapsed.push((t, StrengthReducedU64::new(ns)));
+            }
+        }
+    }
+
+    /// The rate of `bytes` since time `t0` to the last row's time, bits/s, as
+    /// [`bits_per_sec`] gives it.
+    fn rate_since(&self, t0: u64, bytes: u64, now: u64) -> u64 {
+        match (bytes.checked_mul(8_000_000_000), self.elapsed.iter().find(|&&(t, _)| t == t0)) {
+            (Some(bits), Some((_, ns))) => bits / *ns,
+            _ => bits_per_sec(bytes, now.saturating_sub(t0)),
+        }
+    }
+
     /// The time of row `i`.
     fn time(&self, i: usize) -> u64 {
-        self.rows[i].0
+        self.times[i]
     }
 
     /// The time of row `i` and the sample of `column` in it.
@@ -298,7 +363,7 @@ impl Estimator {
             return self.idle(o);
         }
         self.note_pause(h, column, first, o);
-        let offered = Self::rate_since(h.get(first, column), o);
+        let offered = Self::rate_since(h, h.get(first, column), o);
         let window = queue_window(o.pacing);
         // The starts of the queue window and of the silence window (whether the class is
         // quiet, and for most classes whether it is silent).
@@ -323,7 +388,7 @@ impl Estimator {
         } else if limited {
             // What arrived over the queue window (the datapath counts packets as they are
             // paced, so this is the arrival rate, not the departure rate).
-            let arriving = recent.map_or(offered, |s| Self::rate_since(s, o));
+            let arriving = recent.map_or(offered, |s| Self::rate_since(h, s, o));
             // Enough to drain the queue within DRAIN_NS, on top of what arrives.
             let drain = mul_div(o.backlog_ns.min(DRAIN_NS), o.pacing, DRAIN_NS);
             // Arrivals that keep up with the pacing rate: the class would send more if it
@@ -350,7 +415,7 @@ impl Estimator {
             // demand would jump with each third.
             let recent = recent_window(o.pacing);
             let lately =
-                Self::window_start(h, column, first, o.now_ns, recent).map_or(offered, |s| Self::rate_since(s, o));
+                Self::window_start(h, column, first, o.now_ns, recent).map_or(offered, |s| Self::rate_since(h, s, o));
             let mut risen = if lately_limited { lately } else { 0 };
             // A class that was quiet until a moment ago (a transfer starting): what it sent
             // since, over the time since, not spread over windows it was quiet in (its
@@ -391,7 +456,7 @@ impl Estimator {
         }
         let sending = match recent {
             Some((_, s0)) if s0.offered_bytes == o.counters.offered_bytes => 0,
-            Some(s0) => Self::rate_since(s0, o),
+            Some(s0) => Self::rate_since(h, s0, o),
             None => offered,
         };
         Estimate { demand, offered, limited, lately_limited, sending }
@@ -474,8 +539,8 @@ impl Estimator {
     }
 
     /// The offered rate from sample `since` to the observation, bits/s.
-    fn rate_since((t0, s0): (u64, Sample), o: &Observation) -> u64 {
-        Self::rate_between(t0, s0.offered_bytes, o)
+    fn rate_since(h: &Histories, (t0, s0): (u64, Sample), o: &Observation) -> u64 {
+        h.rate_since(t0, o.counters.offered_bytes.saturating_sub(s0.offered_bytes), o.now_ns)
     }
 
     /// The offered rate from time `t0`, when the class had offered `bytes0`, to the
@@ -485,20 +550,28 @@ impl Estimator {
     }
 
     /// The newest sample of the class's history (rows `first..`) at least `window` old.
-    /// The rows are in time order and about a tick apart: the search starts where the
+    /// For the windows of [`COMMON_WINDOWS`] the tick has found the row already. Otherwise,
+    /// the rows being in time order and about a tick apart, the search starts where the
     /// spacing of the two newest puts the row and walks from there. It reads the rows' times
     /// only, which every class shares: classes with the same window find the same row, and
-    /// the tick reads that row's samples in column order. Inlined: each search of an update
-    /// then loads from its own instruction, whose stride from one class to the next the CPU's
-    /// prefetcher learns.
+    /// the tick reads that row's samples in column order.
+    /// Inlined: each search of an update then loads from its own instruction, whose stride
+    /// from one class to the next the CPU's prefetcher learns.
     #[expect(clippy::inline_always, reason = "one load instruction per search")]
     #[inline(always)]
     fn window_start(h: &Histories, column: usize, first: usize, now: u64, window: u64) -> Option<(u64, Sample)> {
-        let n = h.rows.len();
-        let old_enough = |i: usize| now.saturating_sub(h.time(i)) >= window;
-        let spacing = if n - first >= 2 { h.time(n - 1).saturating_sub(h.time(n - 2)).max(1) } else { 1 };
-        let back = usize::try_from(window.div_ceil(spacing)).unwrap_or(n).min(n - first);
-        let mut i = n - back;
+        if let Some(k) = COMMON_WINDOWS.iter().position(|&w| w == window) {
+            return h.common[k].filter(|&i| i >= first).map(|i| h.get(i, column));
+        }
+        let n = h.times.len();
+        let old_enough = |i: usize| now.saturating_sub(h.times[i]) >= window;
+        let back = if n - first >= 2 {
+            let (rows, part) = StrengthReducedU64::div_rem(window, h.spacing);
+            usize::try_from(rows + u64::from(part != 0)).unwrap_or(n)
+        } else {
+            n
+        };
+        let mut i = n - back.min(n - first);
         while i < n && old_enough(i) {
             i += 1;
         }
@@ -519,7 +592,7 @@ fn deep_queue(window: u64) -> u64 {
 /// too: 100 ms, or 32 full frames at its pacing rate if longer (so that a packet more or
 /// less moves it by 3 % at most), within [`RATE_WINDOW_NS`].
 fn recent_window(pacing: u64) -> u64 {
-    frames_ns_over(32, pacing, 100_000_000).min(RATE_WINDOW_NS)
+    frames_ns_over(32, pacing, RECENT_NS).min(RATE_WINDOW_NS)
 }
 
 /// The window over which a class must have had a queue throughout to count as limited:

@@ -230,7 +230,7 @@ impl Pacer {
                 break;
             }
             let i = self.cursor;
-            self.cursor = (self.cursor + 1) % n;
+            self.cursor = if i + 1 < n { i + 1 } else { 0 };
             if i == 0 || !tree.is_leaf(i) || leaves[i].limited {
                 continue;
             }
@@ -285,13 +285,14 @@ impl Settler {
         for &i in &leaves {
             let (old, new) = (self.granted[i], alloc[i]);
             // A cut whose queued packets would add less than half a frame to the link is not
-            // held: holding it would stall a class that wants to grow by as little.
-            let excess_bits = u128::from(old.saturating_sub(new)) * u128::from(backlog_ns[i]) / 1_000_000_000;
+            // held: holding it would stall a class that wants to grow by as little. (Worked
+            // out for cuts only: a 128-bit division for every class was a tenth of this.)
+            let held_back = |old: u64| mul_div(old - new, backlog_ns[i], 1_000_000_000) > FRAME_BITS / 2;
             let held = &mut self.held[i];
             while held.front().is_some_and(|&(_, until)| until <= now_ns) {
                 held.pop_front();
             }
-            if new < old && excess_bits > u128::from(FRAME_BITS / 2) && held.len() < MAX_HOLDS {
+            if new < old && held_back(old) && held.len() < MAX_HOLDS {
                 // The packets queued until then were given departure times at `old`.
                 held.push_back((old, now_ns.saturating_add(backlog_ns[i])));
             }

@@ -23,6 +23,8 @@
 //! rounded down, and the remainders handed out one by one, so that the sum of the children's
 //! allocations is exactly what their parent could give.
 
+use strength_reduce::StrengthReducedU64;
+
 use super::demand::mul_div;
 use crate::config::{Class, Config};
 
@@ -91,7 +93,20 @@ impl Tree {
         let raw = if n.children.is_empty() {
             demand[i]
         } else {
-            n.children.iter().map(|&c| self.want(c, demand, wants)).fold(0u64, u64::saturating_add)
+            // A leaf child's want is worked out here rather than in a call of its own: most
+            // nodes are leaves.
+            n.children
+                .iter()
+                .map(|&c| {
+                    let child = &self.nodes[c];
+                    if child.children.is_empty() {
+                        wants[c] = demand[c].min(child.ceil);
+                        wants[c]
+                    } else {
+                        self.want(c, demand, wants)
+                    }
+                })
+                .fold(0u64, u64::saturating_add)
         };
         wants[i] = raw.min(n.ceil);
         wants[i]
@@ -214,7 +229,11 @@ impl Tree {
         let wants: Vec<u64> = n.children.iter().map(|&c| all_wants[c]).collect();
         let split = self.split(i, amount, &wants, |c| rates[c]);
         for (k, &c) in n.children.iter().enumerate() {
-            self.give(c, split[k], all_wants, rates, alloc);
+            if self.nodes[c].children.is_empty() {
+                alloc[c] = split[k];
+            } else {
+                self.give(c, split[k], all_wants, rates, alloc);
+            }
         }
     }
 
@@ -236,44 +255,67 @@ impl Tree {
         let prios = prios.into_iter().enumerate().flat_map(|(word, bits)| {
             (0..64u8).filter(move |b| bits & (1 << b) != 0).map(move |b| u8::try_from(word * 64).unwrap_or(0) + b)
         });
+        // The buffers of the water-filling, for every prio (a node's split was a few dozen
+        // allocations, at 10,000 classes a tenth of a tick).
+        let mut open = Vec::with_capacity(n.children.len());
+        let mut parts = Vec::with_capacity(n.children.len());
         for prio in prios {
             if left == 0 {
                 break;
             }
-            let group: Vec<usize> = (0..n.children.len()).filter(|&k| self.nodes[n.children[k]].prio == prio).collect();
-            left = water_fill(&group, &mut split, wants, |k| self.nodes[n.children[k]].weight, left);
+            open.clear();
+            open.extend(
+                (0..n.children.len()).filter(|&k| self.nodes[n.children[k]].prio == prio && split[k] < wants[k]),
+            );
+            left = water_fill(&mut open, &mut parts, &mut split, wants, |k| self.nodes[n.children[k]].weight, left);
         }
         split
     }
 }
 
-/// Shares `left` among `group` (indexes into `share`) in proportion to `weight`, each member
-/// growing at most to `wants[k]`; what capped members cannot take goes to the others.
-/// Returns what is left when every member has what it wants.
-fn water_fill(group: &[usize], share: &mut [u64], wants: &[u64], weight: impl Fn(usize) -> u64, mut left: u64) -> u64 {
-    let mut open: Vec<usize> = group.iter().copied().filter(|&k| share[k] < wants[k]).collect();
+/// Shares `left` among `open` (indexes into `share`, each under its want) in proportion to
+/// `weight`, each member growing at most to `wants[k]`; what capped members cannot take goes
+/// to the others. Returns what is left when every member has what it wants. `open` is left
+/// with the members that want more, `parts` is scratch.
+fn water_fill(
+    open: &mut Vec<usize>,
+    parts: &mut Vec<u64>,
+    share: &mut [u64],
+    wants: &[u64],
+    weight: impl Fn(usize) -> u64,
+    mut left: u64,
+) -> u64 {
     while left > 0 && !open.is_empty() {
         let total_weight: u128 = open.iter().map(|&k| u128::from(weight(k))).sum();
         // Largest step that keeps every member at or under its want: a member whose room is
         // smaller than its proportional part is filled and leaves the group.
         let mut given = 0u64;
-        let mut parts: Vec<u64> = open
-            .iter()
-            .map(|&k| match u64::try_from(total_weight) {
-                Ok(total) => mul_div(left, weight(k), total),
-                Err(_) => u64::try_from(u128::from(left) * u128::from(weight(k)) / total_weight).expect("at most left"),
-            })
-            .collect();
+        parts.clear();
+        match u64::try_from(total_weight) {
+            // One divisor for every member: divided as multiplications (a division for each
+            // child of each node, twice a tick, was a good part of a tick at 10,000 classes).
+            Ok(0) => parts.extend(open.iter().map(|_| 0)),
+            Ok(total) => {
+                let divisor = StrengthReducedU64::new(total);
+                parts.extend(open.iter().map(|&k| match left.checked_mul(weight(k)) {
+                    Some(product) => product / divisor,
+                    None => mul_div(left, weight(k), total),
+                }));
+            }
+            Err(_) => parts.extend(open.iter().map(|&k| {
+                u64::try_from(u128::from(left) * u128::from(weight(k)) / total_weight).expect("at most left")
+            })),
+        }
         // Hand out the rounding remainder one unit at a time, so nothing stays idle.
         let mut remainder = left - parts.iter().sum::<u64>();
-        for p in &mut parts {
+        for p in parts.iter_mut() {
             if remainder == 0 {
                 break;
             }
             *p += 1;
             remainder -= 1;
         }
-        for (&k, &part) in open.iter().zip(&parts) {
+        for (&k, &part) in open.iter().zip(parts.iter()) {
             let take = part.min(wants[k] - share[k]);
             share[k] += take;
             given += take;

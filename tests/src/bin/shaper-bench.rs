@@ -13,7 +13,8 @@
 //! - The control loop's tick length and headroom on the model.
 //!
 //! `--short` runs fewer packets and ticks and skips the model sweep; `--check` exits non-zero
-//! if a ratio regresses past its bound (CI runs both).
+//! if a ratio regresses past its bound (CI runs both). `--tick` runs the control loop's tick
+//! alone.
 #![allow(
     clippy::cast_precision_loss,
     clippy::cast_possible_truncation,
@@ -41,6 +42,10 @@ struct Args {
     /// Exit with status 1 if a ratio regresses past its bound.
     #[arg(long)]
     check: bool,
+    /// Only the control loop's tick (no BPF, no root; nothing written): for work on the
+    /// estimators and the allocator.
+    #[arg(long)]
+    tick: bool,
     /// Where the JSON and PNG go.
     #[arg(long, default_value = "target/bench")]
     out: std::path::PathBuf,
@@ -379,8 +384,13 @@ fn datapath_repeated(report: &mut Report, short: bool) {
 
 fn main() {
     let args = Args::parse();
-    require_root();
     let mut report = Report::default();
+    if args.tick {
+        shaper_tests::bench::control_loop(&mut report, args.short);
+        report.print();
+        return;
+    }
+    require_root();
     datapath_mix(&mut report, args.short);
     datapath_repeated(&mut report, args.short);
     datapath_memory(&mut report);
