@@ -128,11 +128,9 @@ pub struct Estimate {
 pub struct Histories {
     /// The rows with their times, oldest first, covering [`RATE_WINDOW_NS`]: the oldest is at
     /// or before its start.
-    rows: VecDeque<(u64, Vec<Sample>)>,
+    rows: Vec<(u64, Vec<Sample>)>,
     /// Rows forgotten, kept for the next ones.
     spare: Vec<Vec<Sample>>,
-    /// The rows' times, in one slice: what the searches for the start of a window read.
-    times: Vec<u64>,
     /// The time between the two newest rows (1 ns if there is one row), as a divisor: where
     /// a search starts.
     spacing: StrengthReducedU64,
@@ -154,9 +152,8 @@ const COMMON_WINDOWS: [u64; 3] = [QUEUE_WINDOW_NS, RECENT_NS, SILENCE_NS];
 impl Default for Histories {
     fn default() -> Self {
         Self {
-            rows: VecDeque::new(),
+            rows: Vec::new(),
             spare: Vec::new(),
-            times: Vec::new(),
             spacing: StrengthReducedU64::new(1),
             common: [None; COMMON_WINDOWS.len()],
             elapsed: Vec::new(),
@@ -175,28 +172,26 @@ impl Histories {
     /// than the last row's (a second start at the same time keeps that row). Rows older than
     /// the longest window are forgotten.
     pub fn start_row(&mut self, now: u64, width: usize) {
-        if self.rows.back().is_none_or(|&(last, _)| now > last) {
+        if self.rows.last().is_none_or(|&(last, _)| now > last) {
             let row = self.spare.pop().unwrap_or_default();
             slide_with(&mut self.rows, now, row, RATE_WINDOW_NS, |row| self.spare.push(row));
             self.find_common(now);
         }
         // What a row held before it was reused is never read: each estimator knows which rows
         // hold its class's samples.
-        if let Some((_, row)) = self.rows.back_mut().filter(|(_, row)| row.len() < width) {
+        if let Some((_, row)) = self.rows.last_mut().filter(|(_, row)| row.len() < width) {
             row.resize(width, Sample::default());
         }
     }
 
-    /// Keeps the rows' times, and finds the rows [`Self::common`] and [`Self::elapsed`] keep,
-    /// for the row at `now`.
+    /// Finds the rows [`Self::common`] and [`Self::elapsed`] keep, and the rows' spacing, for
+    /// the row at `now`.
     fn find_common(&mut self, now: u64) {
         let rows = &self.rows;
-        self.times.clear();
-        self.times.extend(rows.iter().map(|&(t, _)| t));
-        let n = self.times.len();
-        let spacing = if n >= 2 { self.times[n - 1].saturating_sub(self.times[n - 2]).max(1) } else { 1 };
+        let n = rows.len();
+        let spacing = if n >= 2 { rows[n - 1].0.saturating_sub(rows[n - 2].0).max(1) } else { 1 };
         self.spacing = StrengthReducedU64::new(spacing);
-        self.common = COMMON_WINDOWS.map(|window| self.times.iter().rposition(|&t| now.saturating_sub(t) >= window));
+        self.common = COMMON_WINDOWS.map(|window| rows.iter().rposition(|&(t, _)| now.saturating_sub(t) >= window));
         self.elapsed.clear();
         let times = std::iter::once(0).chain(self.common.iter().flatten().copied()).map(|i| rows[i].0);
         for t in times {
@@ -218,7 +213,7 @@ impl Histories {
 
     /// The time of row `i`.
     fn time(&self, i: usize) -> u64 {
-        self.times[i]
+        self.rows[i].0
     }
 
     /// The time of row `i` and the sample of `column` in it.
@@ -563,8 +558,8 @@ impl Estimator {
         if let Some(k) = COMMON_WINDOWS.iter().position(|&w| w == window) {
             return h.common[k].filter(|&i| i >= first).map(|i| h.get(i, column));
         }
-        let n = h.times.len();
-        let old_enough = |i: usize| now.saturating_sub(h.times[i]) >= window;
+        let n = h.rows.len();
+        let old_enough = |i: usize| now.saturating_sub(h.time(i)) >= window;
         let back = if n - first >= 2 {
             let (rows, part) = StrengthReducedU64::div_rem(window, h.spacing);
             usize::try_from(rows + u64::from(part != 0)).unwrap_or(n)
@@ -659,12 +654,12 @@ pub(crate) fn mul_div(a: u64, b: u64, c: u64) -> u64 {
 /// Appends `sample`, taken at `now`, to a time series and forgets what is older than
 /// `window`, keeping the newest sample at or before the window's start (it marks the start);
 /// hands each sample it forgets to `forgotten`.
-fn slide_with<T>(samples: &mut VecDeque<(u64, T)>, now: u64, sample: T, window: u64, mut forgotten: impl FnMut(T)) {
-    samples.push_back((now, sample));
-    while samples.len() > 2 && samples.get(1).is_some_and(|s| now.saturating_sub(s.0) >= window) {
-        if let Some((_, old)) = samples.pop_front() {
-            forgotten(old);
-        }
+/// (A `Vec`: the rows of [`Histories`] are read by index for every class every tick, and a
+/// `VecDeque`'s index wraps round its buffer; they are few, and move up once a tick.)
+fn slide_with<T>(samples: &mut Vec<(u64, T)>, now: u64, sample: T, window: u64, mut forgotten: impl FnMut(T)) {
+    samples.push((now, sample));
+    while samples.len() > 2 && now.saturating_sub(samples[1].0) >= window {
+        forgotten(samples.remove(0).1);
     }
 }
 
@@ -950,12 +945,12 @@ mod tests {
 
     #[test]
     fn slide_keeps_the_window_start() {
-        let (mut v, mut forgotten) = (VecDeque::new(), Vec::new());
+        let (mut v, mut forgotten) = (Vec::new(), Vec::new());
         for t in 0..10u64 {
             slide_with(&mut v, t * 10, t, 30, |old| forgotten.push(old));
         }
-        assert_eq!(v.front().unwrap().0, 60);
-        assert_eq!(v.back().unwrap().0, 90);
+        assert_eq!(v.first().unwrap().0, 60);
+        assert_eq!(v.last().unwrap().0, 90);
         assert_eq!(forgotten, [0, 1, 2, 3, 4, 5]);
     }
 

@@ -50,6 +50,8 @@
 
 use std::collections::VecDeque;
 
+use strength_reduce::StrengthReducedU64;
+
 use super::{
     demand::{mul_div, percent_over, Estimate, FRAME_BITS, HEADROOM_FLOOR, HEADROOM_PERCENT},
     tree::Tree,
@@ -296,17 +298,25 @@ impl Settler {
                 // The packets queued until then were given departure times at `old`.
                 held.push_back((old, now_ns.saturating_add(backlog_ns[i])));
             }
-            leaving[i] = held.iter().map(|&(rate, _)| rate).max().unwrap_or(0);
+            if !held.is_empty() {
+                leaving[i] = held.iter().map(|&(rate, _)| rate).max().unwrap_or(0);
+            }
             holds[i] = new.min(old).max(leaving[i]);
             used = used.saturating_add(holds[i]);
             // A class may grow back to what its own queue holds without taking anything.
             growth = growth.saturating_add(new.saturating_sub(holds[i]));
         }
         let free = tree.nodes[0].rate.saturating_sub(used);
+        // `growth` is the same divisor for every class: divided as multiplications.
+        let growth_divisor = (growth > free).then(|| StrengthReducedU64::new(growth));
         for &i in &leaves {
             let wanted = alloc[i].saturating_sub(holds[i]);
             if wanted > 0 {
-                let given = if growth <= free { wanted } else { mul_div(wanted, free, growth) };
+                let given = match (growth_divisor, wanted.checked_mul(free)) {
+                    (None, _) => wanted,
+                    (Some(divisor), Some(product)) => product / divisor,
+                    (Some(_), None) => mul_div(wanted, free, growth),
+                };
                 out[i] = alloc[i].min(holds[i]) + given;
             }
         }
