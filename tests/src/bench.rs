@@ -188,7 +188,7 @@ fn tree(leaves: usize) -> Tree {
 /// allocation and pacing rates of the tree, each leaf's fair share) at `leaves` classes,
 /// one in `every` of which has traffic, which comes and goes: a third greedy, a third at a
 /// steady rate, a third on and off. The others send nothing.
-pub fn tick_ns(leaves: usize, every: usize, ticks: usize) -> f64 {
+fn tick_ns(leaves: usize, every: usize, ticks: usize) -> f64 {
     const TICK: u64 = 10_000_000;
     let tree = tree(leaves);
     let n = tree.nodes.len();
