@@ -50,10 +50,8 @@
 
 use std::collections::VecDeque;
 
-use strength_reduce::StrengthReducedU64;
-
 use super::{
-    demand::{mul_div, percent_over, Estimate, FRAME_BITS, HEADROOM_FLOOR, HEADROOM_PERCENT},
+    demand::{mul_div, percent_over, Divisor, Estimate, FRAME_BITS, HEADROOM_FLOOR, HEADROOM_PERCENT},
     tree::Tree,
 };
 
@@ -289,12 +287,12 @@ impl Settler {
             // A cut whose queued packets would add less than half a frame to the link is not
             // held: holding it would stall a class that wants to grow by as little. (Worked
             // out for cuts only: a 128-bit division for every class was a tenth of this.)
-            let held_back = |old: u64| mul_div(old - new, backlog_ns[i], 1_000_000_000) > FRAME_BITS / 2;
+            let held_back = || mul_div(old - new, backlog_ns[i], 1_000_000_000) > FRAME_BITS / 2;
             let held = &mut self.held[i];
             while held.front().is_some_and(|&(_, until)| until <= now_ns) {
                 held.pop_front();
             }
-            if new < old && held_back(old) && held.len() < MAX_HOLDS {
+            if new < old && held_back() && held.len() < MAX_HOLDS {
                 // The packets queued until then were given departure times at `old`.
                 held.push_back((old, now_ns.saturating_add(backlog_ns[i])));
             }
@@ -307,16 +305,12 @@ impl Settler {
             growth = growth.saturating_add(new.saturating_sub(holds[i]));
         }
         let free = tree.nodes[0].rate.saturating_sub(used);
-        // `growth` is the same divisor for every class: divided as multiplications.
-        let growth_divisor = (growth > free).then(|| StrengthReducedU64::new(growth));
+        // `growth` is the same divisor for every class (when the link cannot give it all).
+        let growth_divisor = if growth > free { Divisor::new(growth) } else { None };
         for &i in &leaves {
             let wanted = alloc[i].saturating_sub(holds[i]);
             if wanted > 0 {
-                let given = match (growth_divisor, wanted.checked_mul(free)) {
-                    (None, _) => wanted,
-                    (Some(divisor), Some(product)) => product / divisor,
-                    (Some(_), None) => mul_div(wanted, free, growth),
-                };
+                let given = growth_divisor.map_or(wanted, |growth| growth.mul_div(wanted, free));
                 out[i] = alloc[i].min(holds[i]) + given;
             }
         }

@@ -23,9 +23,7 @@
 //! rounded down, and the remainders handed out one by one, so that the sum of the children's
 //! allocations is exactly what their parent could give.
 
-use strength_reduce::StrengthReducedU64;
-
-use super::demand::mul_div;
+use super::demand::Divisor;
 use crate::config::{Class, Config};
 
 /// One node of a class tree: a class, or the interface at the root.
@@ -292,15 +290,11 @@ fn water_fill(
         let mut given = 0u64;
         parts.clear();
         match u64::try_from(total_weight) {
-            // One divisor for every member: divided as multiplications (a division for each
-            // child of each node, twice a tick, was a good part of a tick at 10,000 classes).
-            Ok(0) => parts.extend(open.iter().map(|_| 0)),
+            // One divisor for every member (a division for each child of each node, twice a
+            // tick, was a good part of a tick at 10,000 classes).
             Ok(total) => {
-                let divisor = StrengthReducedU64::new(total);
-                parts.extend(open.iter().map(|&k| match left.checked_mul(weight(k)) {
-                    Some(product) => product / divisor,
-                    None => mul_div(left, weight(k), total),
-                }));
+                let total = Divisor::new(total);
+                parts.extend(open.iter().map(|&k| total.map_or(0, |total| total.mul_div(left, weight(k)))));
             }
             Err(_) => parts.extend(open.iter().map(|&k| {
                 u64::try_from(u128::from(left) * u128::from(weight(k)) / total_weight).expect("at most left")
