@@ -236,8 +236,8 @@ pub struct Estimator {
     streak: u32,
     /// The last observation at which the class was quiet (had offered less than
     /// [`WAKE_BYTES`] over the silence window): what it sends after that is
-    /// measured from there while the windows catch up.
-    quiet_at: Option<(u64, Counters)>,
+    /// measured from there while the windows catch up. Its time and offered bytes.
+    quiet_at: Option<(u64, u64)>,
     /// When the class was last limited.
     limited_at: Option<u64>,
     /// The last observation at which the class had offered more than at the one before.
@@ -414,10 +414,10 @@ impl Estimator {
             // A class that was quiet until a moment ago (a transfer starting): what it sent
             // since, over the time since, not spread over windows it was quiet in (its
             // share would be undercounted until they pass, and its first windows queued).
-            if let Some((t0, c0)) = self.quiet_at {
-                let since = o.counters.offered_bytes.saturating_sub(c0.offered_bytes);
+            if let Some((t0, bytes0)) = self.quiet_at {
+                let since = o.counters.offered_bytes.saturating_sub(bytes0);
                 if o.now_ns.saturating_sub(t0) <= recent && since >= WAKE_BYTES {
-                    risen = risen.max(Self::rate_between(t0, c0.offered_bytes, o));
+                    risen = risen.max(Self::rate_between(t0, bytes0, o));
                 }
             }
             // And a class that has (nearly) stopped gives its share back at once, rather
@@ -446,7 +446,7 @@ impl Estimator {
         let over_silence = at_silence
             .map_or(o.counters.offered_bytes, |(_, s0)| o.counters.offered_bytes.saturating_sub(s0.offered_bytes));
         if over_silence < WAKE_BYTES {
-            self.quiet_at = Some((o.now_ns, o.counters));
+            self.quiet_at = Some((o.now_ns, o.counters.offered_bytes));
         }
         let sending = match recent {
             Some((_, s0)) if s0.offered_bytes == o.counters.offered_bytes => 0,
@@ -484,7 +484,7 @@ impl Estimator {
             && self.rows >= 2
             && self.flat.1 <= start
             && o.now_ns.saturating_sub(start) >= SILENCE_NS
-            && self.quiet_at.is_some_and(|(_, c)| c.offered_bytes == o.counters.offered_bytes)
+            && self.quiet_at.is_some_and(|(_, bytes)| bytes == o.counters.offered_bytes)
     }
 
     /// The estimate of a class idle throughout its history ([`Estimator::idle_throughout`]):
@@ -493,7 +493,7 @@ impl Estimator {
     fn idle(&mut self, o: &Observation) -> Estimate {
         self.streak = 0;
         self.demand = self.with_headroom_and_dead_band(0);
-        self.quiet_at = Some((o.now_ns, o.counters));
+        self.quiet_at = Some((o.now_ns, o.counters.offered_bytes));
         let lately_limited = self.lately_limited(o.now_ns);
         Estimate { demand: self.demand, offered: 0, limited: false, lately_limited, sending: 0 }
     }

@@ -132,6 +132,12 @@ impl Tree {
         self.nodes[0].ceil.min(self.nodes[0].rate)
     }
 
+    /// The leaves' node indexes, in order (not the root, even alone).
+    #[must_use]
+    pub fn leaves(&self) -> Vec<usize> {
+        (1..self.nodes.len()).filter(|&i| self.is_leaf(i)).collect()
+    }
+
     /// Each node's parent (the root's: itself).
     #[must_use]
     pub fn parents(&self) -> Vec<usize> {
