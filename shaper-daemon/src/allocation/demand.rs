@@ -48,8 +48,6 @@
 //! would be given if it woke ([`crate::allocation::pacing`]): a class that starts sending gets its share
 //! at once, without waiting for a tick; the borrowers are moved down at the next tick.
 
-use std::collections::VecDeque;
-
 use strength_reduce::StrengthReducedU64;
 
 /// Window over which the offered rate of a class that is not limited is measured.
@@ -247,7 +245,7 @@ pub struct Estimator {
     /// length), oldest and longest first. The front is the longest remembered pause; one
     /// that a later, longer pause outlasts can never be it again, and is not kept (a
     /// class that sends every tick would otherwise keep 200 and have them all read every tick).
-    pauses: VecDeque<(u64, u64)>,
+    pauses: Vec<(u64, u64)>,
     /// The offered bytes of the last observation, and the time of the first observation of
     /// its history that had offered as many: a class whose history is flat from its first
     /// row is idle throughout, and [`Estimator::update`] does not read its history.
@@ -328,7 +326,7 @@ impl Estimator {
             quiet_at: None,
             limited_at: None,
             sent_at: None,
-            pauses: VecDeque::new(),
+            pauses: Vec::new(),
             flat: (0, 0),
             headroom_percent: percent,
             #[cfg(test)]
@@ -509,13 +507,16 @@ impl Estimator {
         // A silence longer than SILENCE_NS was a stop (an on/off sender's off phase), not a
         // pause between writes.
         if let Some(pause) = self.sent_at.map(|t| o.now_ns.saturating_sub(t)).filter(|&p| p <= SILENCE_NS) {
-            while self.pauses.back().is_some_and(|&(_, p)| p <= pause) {
-                self.pauses.pop_back();
+            while self.pauses.last().is_some_and(|&(_, p)| p <= pause) {
+                self.pauses.pop();
             }
-            self.pauses.push_back((o.now_ns, pause));
+            self.pauses.push((o.now_ns, pause));
         }
-        while self.pauses.front().is_some_and(|&(t, _)| o.now_ns.saturating_sub(t) > PAUSE_MEMORY_NS) {
-            self.pauses.pop_front();
+        // The pauses forgotten are the oldest, at the front (a `Vec`: a `VecDeque` works out
+        // the wrap round its buffer at each access, and there are few to move).
+        let forgotten = self.pauses.partition_point(|&(t, _)| o.now_ns.saturating_sub(t) > PAUSE_MEMORY_NS);
+        if forgotten > 0 {
+            self.pauses.drain(..forgotten);
         }
         self.sent_at = Some(o.now_ns);
     }
@@ -528,7 +529,7 @@ impl Estimator {
     /// Whether the class has stopped: it has paused for twice its longest pause of the last
     /// [`PAUSE_MEMORY_NS`], and for [`STOP_NS`] at least.
     fn stopped(&self, now: u64) -> bool {
-        let longest = self.pauses.front().map_or(0, |&(_, p)| p);
+        let longest = self.pauses.first().map_or(0, |&(_, p)| p);
         self.sent_at.is_some_and(|t| now.saturating_sub(t) >= (2 * longest).max(STOP_NS))
     }
 

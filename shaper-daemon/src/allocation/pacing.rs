@@ -273,6 +273,10 @@ pub struct Settler {
     /// What the leaves take of the link after the last tick: each one's allocation, or the
     /// rate its queued packets still leave at if higher.
     committed: u64,
+    /// Per node, scratch of each tick (a leaf's entries are written before they are read):
+    /// what it holds, and the rate its queued packets still leave at.
+    holds: Vec<u64>,
+    leaving: Vec<u64>,
 }
 
 impl Settler {
@@ -299,8 +303,9 @@ impl Settler {
         let mut out = alloc.to_vec();
         // What each leaf holds now: its new allocation if that is not more than it had, its
         // old one otherwise, and the rate its queued packets still leave at.
-        let mut holds = vec![0u64; n];
-        let mut leaving = vec![0u64; n];
+        let (mut holds, mut leaving) = (std::mem::take(&mut self.holds), std::mem::take(&mut self.leaving));
+        holds.resize(n, 0);
+        leaving.resize(n, 0);
         let (mut used, mut growth) = (0u64, 0u64);
         for &i in leaves {
             let (old, new) = (self.granted[i], alloc[i]);
@@ -316,9 +321,7 @@ impl Settler {
                 // The packets queued until then were given departure times at `old`.
                 held.push_back((old, now_ns.saturating_add(backlog_ns[i])));
             }
-            if !held.is_empty() {
-                leaving[i] = held.iter().map(|&(rate, _)| rate).max().unwrap_or(0);
-            }
+            leaving[i] = if held.is_empty() { 0 } else { held.iter().map(|&(rate, _)| rate).max().unwrap_or(0) };
             holds[i] = new.min(old).max(leaving[i]);
             used = used.saturating_add(holds[i]);
             // A class may grow back to what its own queue holds without taking anything.
@@ -336,6 +339,7 @@ impl Settler {
         }
         self.granted.clone_from(&out);
         self.committed = leaves.iter().map(|&i| out[i].max(leaving[i])).fold(0, u64::saturating_add);
+        (self.holds, self.leaving) = (holds, leaving);
         out
     }
 
