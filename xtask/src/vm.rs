@@ -424,6 +424,39 @@ impl RunFiles {
 }
 
 fn run_vm(kernel: KernelLine, script: &str, rwdir: &Path, timeout: Duration, live: bool) -> anyhow::Result<VmRun> {
+    match boot_and_run(kernel, script, rwdir, timeout, live)? {
+        Booted::Ran(run) => Ok(run),
+        Booted::PanickedAtBoot(first) => {
+            // The guest kernel died before it started the script: under TCG, 6.12 has panicked
+            // in early boot (an int3 left by a code patch, in `sched_clock_cpu`) once in many
+            // boots. Nothing of ours had run; a second boot decides.
+            eprintln!("vm: the guest kernel panicked before the script started; booting it once more");
+            match boot_and_run(kernel, script, rwdir, timeout, live)? {
+                Booted::Ran(run) => Ok(run),
+                Booted::PanickedAtBoot(second) => {
+                    bail!("the guest kernel panicked before the script started, twice:\n{first}\n--- and again ---\n{second}")
+                }
+            }
+        }
+    }
+}
+
+/// What became of one boot of the VM.
+enum Booted {
+    /// The script ran, and its exit code was recorded.
+    Ran(VmRun),
+    /// The guest kernel panicked before the wrapper started the script (the script's output
+    /// file was never created); the console log's tail.
+    PanickedAtBoot(String),
+}
+
+fn boot_and_run(
+    kernel: KernelLine,
+    script: &str,
+    rwdir: &Path,
+    timeout: Duration,
+    live: bool,
+) -> anyhow::Result<Booted> {
     let vm = ensure_vm(kernel)?;
     fs::create_dir_all(rwdir).with_context(|| format!("cannot create {}", rwdir.display()))?;
     let rwdir = rwdir.canonicalize().with_context(|| format!("cannot resolve {}", rwdir.display()))?;
@@ -492,6 +525,10 @@ fn run_vm(kernel: KernelLine, script: &str, rwdir: &Path, timeout: Duration, liv
     if let Some(echo) = echo.as_mut() {
         echo.pump();
     }
+    let console_log = read_lossy(&files.console);
+    if !files.exit_code.exists() && !files.output.exists() && console_log.contains("Kernel panic") {
+        return Ok(Booted::PanickedAtBoot(tail(&console_log, 40)));
+    }
     let output = read_lossy(&files.output);
     let Ok(code) = fs::read_to_string(&files.exit_code) else {
         bail!(
@@ -500,12 +537,12 @@ fn run_vm(kernel: KernelLine, script: &str, rwdir: &Path, timeout: Duration, liv
             started.elapsed().as_secs_f64(),
             tail(&output, 40),
             files.console.display(),
-            tail(&read_lossy(&files.console), 60)
+            tail(&console_log, 60)
         );
     };
     let exit_code =
         code.trim().parse().with_context(|| format!("bad exit code {code:?} in {}", files.exit_code.display()))?;
-    Ok(VmRun { exit_code, output })
+    Ok(Booted::Ran(VmRun { exit_code, output }))
 }
 
 /// The guest-side wrapper: runs the script from the workspace root and records its output and

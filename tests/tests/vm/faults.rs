@@ -197,20 +197,33 @@ fn fq_holds_what_a_class_raised_at_runtime_queues() {
     }
     let server = topo.iperf_server(5501);
     let client = topo.iperf_client_with("10.1.0.2", 5501, 10, "1", &["-u", "-b", "50M", "-l", UDP_PAYLOAD]);
-    let intervals = receiver_intervals(client);
+    let result = iperf_result(client);
     drop(server);
     // The queue takes the horizon to fill: measure after it.
-    let rate = goodput(&intervals, 3.0, 9.0) * WIRE_PER_UDP_GOODPUT;
+    let rate = goodput(&result.receiver, 3.0, 9.0) * WIRE_PER_UDP_GOODPUT;
+    let sent = result.sender_bits_per_second * WIRE_PER_UDP_GOODPUT;
     let dropped = fq_dropped(&topo);
-    println!("c raised from 2 to 40 mbit/s, flooded at 50: {:.2} mbit/s; fq dropped {dropped} packets", rate / 1e6);
+    println!(
+        "c raised from 2 to 40 mbit/s, flooded at 50: {:.2} mbit/s (iperf3 sent {:.2}); fq dropped {dropped} packets",
+        rate / 1e6,
+        sent / 1e6
+    );
     topo.print_class_counters();
     // What the limits are for: fq keeps every packet the class gave a departure time.
     assert_eq!(dropped, 0, "fq dropped packets that had their departure times");
-    // And the class runs at its rate. Within 5 %: iperf3's 4,250 datagrams a second under
-    // TCG come in stalls that a class clock cannot make up for (38.47 and 38.85 mbit/s in
-    // two runs on a slow host, with fq dropping nothing; with the limits too small it ran
-    // far below).
-    assert!((rate / 40e6 - 1.0).abs() <= 0.05, "c carried {:.2} mbit/s, not 40 (±5 %)", rate / 1e6);
+    // And the class runs at its rate, or carries all that was sent if that is less: on a slow
+    // host the emulated CPU does not send 50 mbit/s of datagrams (the class carried 37.28 and
+    // 35.85 mbit/s in two runs on the slow host of 2026-11-28). Within 5 %: iperf3's 4,250
+    // datagrams a second under TCG come in stalls that a class clock cannot make up for
+    // (38.47 and 38.85 mbit/s in two runs on a slow host, with fq dropping nothing; with the
+    // limits too small it ran far below).
+    let expected = sent.min(40e6);
+    assert!(
+        (rate / expected - 1.0).abs() <= 0.05,
+        "c carried {:.2} mbit/s, not {:.2} (±5 %: 40, or what iperf3 sent if less)",
+        rate / 1e6,
+        expected / 1e6
+    );
 
     // A reload that doubles the longest horizon resizes fq in place, and says so.
     std::fs::write(topo.dir.join("shaper.toml"), RAISED_CONFIG.replace("500ms", "1s")).unwrap();
