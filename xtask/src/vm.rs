@@ -427,9 +427,9 @@ fn run_vm(kernel: KernelLine, script: &str, rwdir: &Path, timeout: Duration, liv
     match boot_and_run(kernel, script, rwdir, timeout, live)? {
         Booted::Ran(run) => Ok(run),
         Booted::PanickedAtBoot(first) => {
-            // The guest kernel died before it started the script: under TCG, 6.12 has panicked
-            // in early boot (an int3 left by a code patch, in `sched_clock_cpu`) once in many
-            // boots. Nothing of ours had run; a second boot decides.
+            // The guest kernel died before it started the script: under TCG, 6.12 panicked
+            // once in early boot (an `int3` oops in `sched_clock_cpu`, 2026-11-28). Nothing of
+            // ours had run; a second boot decides.
             eprintln!("vm: the guest kernel panicked before the script started; booting it once more");
             match boot_and_run(kernel, script, rwdir, timeout, live)? {
                 Booted::Ran(run) => Ok(run),

@@ -211,9 +211,10 @@ fn fq_holds_what_a_class_raised_at_runtime_queues() {
     topo.print_class_counters();
     // What the limits are for: fq keeps every packet the class gave a departure time.
     assert_eq!(dropped, 0, "fq dropped packets that had their departure times");
-    // And the class runs at its rate, or carries all that was sent if that is less: on a slow
-    // host the emulated CPU does not send 50 mbit/s of datagrams (the class carried 37.28 and
-    // 35.85 mbit/s in two runs on the slow host of 2026-11-28). Within 5 %: iperf3's 4,250
+    // And the class runs at its rate, or carries all that was sent if that is less: an
+    // emulated CPU may not send 50 mbit/s of datagrams (the class carried 37.28 and 35.85
+    // mbit/s in two runs on the slow host of 2026-11-28, before what iperf3 sent was printed;
+    // 38.19 of 49.31 sent in the run after). Within 5 %: iperf3's 4,250
     // datagrams a second under TCG come in stalls that a class clock cannot make up for
     // (38.47 and 38.85 mbit/s in two runs on a slow host, with fq dropping nothing; with the
     // limits too small it ran far below).
