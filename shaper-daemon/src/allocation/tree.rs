@@ -177,11 +177,13 @@ impl Tree {
             what_if[d] = raw.min(n.ceil);
         }
         let mut amount = what_if[0].min(self.link_cap());
+        let mut scratch = Scratch::default();
         for d in 0..path.len() - 1 {
             let n = &self.nodes[path[d]];
-            let child_wants: Vec<u64> = n.children.iter().map(|&c| want(&what_if, d, c)).collect();
-            let split = self.split(path[d], amount, &child_wants, |c| self.nodes[c].rate);
-            amount = n.children.iter().position(|&c| c == path[d + 1]).map_or(0, |k| split[k]);
+            scratch.wants.clear();
+            scratch.wants.extend(n.children.iter().map(|&c| want(&what_if, d, c)));
+            self.split(path[d], amount, |c| self.nodes[c].rate, &mut scratch);
+            amount = n.children.iter().position(|&c| c == path[d + 1]).map_or(0, |k| scratch.split[k]);
             visits += n.children.len();
         }
         (amount, visits)
@@ -218,63 +220,85 @@ impl Tree {
         let mut alloc = vec![0u64; self.nodes.len()];
         let mut wants = vec![0u64; self.nodes.len()];
         let root = self.want(0, demand, &mut wants);
-        self.give(0, root.min(cap), &wants, rates, &mut alloc);
+        self.give(0, root.min(cap), &wants, rates, &mut alloc, &mut Scratch::default());
         (alloc, wants)
     }
 
     /// Gives node `i` exactly `amount` (at most what it wants, `all_wants[i]`) and divides it
     /// among its children, each guaranteed `rates[child]`.
-    fn give(&self, i: usize, amount: u64, all_wants: &[u64], rates: &[u64], alloc: &mut [u64]) {
+    fn give(&self, i: usize, amount: u64, all_wants: &[u64], rates: &[u64], alloc: &mut [u64], s: &mut Scratch) {
         alloc[i] = amount;
         let n = &self.nodes[i];
         if n.children.is_empty() {
             return;
         }
-        let wants: Vec<u64> = n.children.iter().map(|&c| all_wants[c]).collect();
-        let split = self.split(i, amount, &wants, |c| rates[c]);
-        for (k, &c) in n.children.iter().enumerate() {
-            if self.nodes[c].children.is_empty() {
-                alloc[c] = split[k];
-            } else {
-                self.give(c, split[k], all_wants, rates, alloc);
-            }
+        s.wants.clear();
+        s.wants.extend(n.children.iter().map(|&c| all_wants[c]));
+        self.split(i, amount, |c| rates[c], s);
+        // Every child's share is written before the inner ones divide theirs (which reuses
+        // the buffers).
+        for (&c, &share) in n.children.iter().zip(&s.split) {
+            alloc[c] = share;
+        }
+        for &c in n.children.iter().filter(|&&c| !self.nodes[c].children.is_empty()) {
+            self.give(c, alloc[c], all_wants, rates, alloc, s);
         }
     }
 
-    /// How node `i`'s `amount` divides among its children, the `k`-th wanting `wants[k]` and
-    /// guaranteed `rate(child)`: by HTB's rules.
-    fn split(&self, i: usize, amount: u64, wants: &[u64], rate: impl Fn(usize) -> u64) -> Vec<u64> {
+    /// How node `i`'s `amount` divides among its children, the `k`-th wanting `s.wants[k]`
+    /// and guaranteed `rate(child)`, by HTB's rules: into `s.split`.
+    fn split(&self, i: usize, amount: u64, rate: impl Fn(usize) -> u64, s: &mut Scratch) {
         let n = &self.nodes[i];
+        let wants = &s.wants;
         // 1. Guarantees.
-        let mut split: Vec<u64> = n.children.iter().zip(wants).map(|(&c, &w)| w.min(rate(c))).collect();
-        let mut left = amount.saturating_sub(split.iter().sum());
+        s.split.clear();
+        s.split.extend(n.children.iter().zip(wants).map(|(&c, &w)| w.min(rate(c))));
+        let mut left = amount.saturating_sub(s.split.iter().sum());
+        if left == 0 {
+            return;
+        }
         // 2. Spare, by prio, then in proportion to weight, water-filling up to each want. The
-        // children's prios as a set of bits, taken lowest first (sorting them was a tenth of
-        // a tick at 10,000 classes).
+        // children that want more than their guarantee, with their prios, in one pass; their
+        // prios as a set of bits, taken lowest first (sorting them was a tenth of a tick at
+        // 10,000 classes, and reading each child's prio again for each prio a fiftieth).
         let mut prios = [0u64; 4];
-        for &c in &n.children {
-            let p = usize::from(self.nodes[c].prio);
-            prios[p / 64] |= 1 << (p % 64);
+        s.wanting.clear();
+        for (k, &c) in n.children.iter().enumerate() {
+            if s.split[k] < wants[k] {
+                let p = self.nodes[c].prio;
+                prios[usize::from(p / 64)] |= 1 << (p % 64);
+                s.wanting.push((k, p));
+            }
         }
         let prios = prios.into_iter().enumerate().flat_map(|(word, bits)| {
             (0..64u8).filter(move |b| bits & (1 << b) != 0).map(move |b| u8::try_from(word * 64).unwrap_or(0) + b)
         });
-        // The buffers of the water-filling, for every prio (a node's split was a few dozen
-        // allocations, at 10,000 classes a tenth of a tick).
-        let mut open = Vec::with_capacity(n.children.len());
-        let mut parts = Vec::with_capacity(n.children.len());
         for prio in prios {
             if left == 0 {
                 break;
             }
-            open.clear();
-            open.extend(
-                (0..n.children.len()).filter(|&k| self.nodes[n.children[k]].prio == prio && split[k] < wants[k]),
-            );
-            left = water_fill(&mut open, &mut parts, &mut split, wants, |k| self.nodes[n.children[k]].weight, left);
+            // Only this prio's children grow here: the others still want more.
+            s.open.clear();
+            s.open.extend(s.wanting.iter().filter(|&&(_, p)| p == prio).map(|&(k, _)| k));
+            left =
+                water_fill(&mut s.open, &mut s.parts, &mut s.split, wants, |k| self.nodes[n.children[k]].weight, left);
         }
-        split
     }
+}
+
+/// The buffers of [`Tree::split`], kept from one node to the next (a few allocations a
+/// node, at 10,000 classes, were a twentieth of an allocation).
+#[derive(Debug, Default)]
+struct Scratch {
+    /// The children's wants, in order (the caller's input).
+    wants: Vec<u64>,
+    /// Their shares (the output).
+    split: Vec<u64>,
+    /// The children that want more than their guarantee, and their prios.
+    wanting: Vec<(usize, u8)>,
+    /// The water-filling's members and their parts.
+    open: Vec<usize>,
+    parts: Vec<u64>,
 }
 
 /// Shares `left` among `open` (indexes into `share`, each under its want) in proportion to
