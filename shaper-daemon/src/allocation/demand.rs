@@ -48,6 +48,7 @@
 //! would be given if it woke ([`crate::allocation::pacing`]): a class that starts sending gets its share
 //! at once, without waiting for a tick; the borrowers are moved down at the next tick.
 
+use smallvec::SmallVec;
 use strength_reduce::StrengthReducedU64;
 
 /// Window over which the offered rate of a class that is not limited is measured.
@@ -135,9 +136,12 @@ pub struct Histories {
     /// Per window of [`COMMON_WINDOWS`], the newest row at least that old at the last row's
     /// time, if any: where that window starts for every class whose history reaches back to it.
     common: [Option<usize>; COMMON_WINDOWS.len()],
-    /// The times of the rows a rate is most often read from (the first row and those of
-    /// `common`), each with the time from it to the last row as a divisor computed once.
-    elapsed: Vec<(u64, Divisor)>,
+    /// Per row, the time from it to the last row as a divisor, computed once a tick (`None`
+    /// for the last row: a rate over no time is 0). Every rate an estimate reads is from a
+    /// row to the last: at 10,000 classes paced at a few hundred kbit/s, whose windows are
+    /// not the common ones, a division for each was a fifth of a tick (a 64-bit division
+    /// takes 40-90 cycles on older x86 cores).
+    elapsed: Vec<Option<Divisor>>,
 }
 
 /// The windows a class reads at the rates most classes are paced at (the queue window, the
@@ -191,21 +195,13 @@ impl Histories {
         self.spacing = StrengthReducedU64::new(spacing);
         self.common = COMMON_WINDOWS.map(|window| rows.iter().rposition(|&(t, _)| now.saturating_sub(t) >= window));
         self.elapsed.clear();
-        let times = std::iter::once(0).chain(self.common.iter().flatten().copied()).map(|i| rows[i].0);
-        for t in times {
-            if let Some(ns) = Divisor::new(now - t).filter(|_| self.elapsed.iter().all(|&(seen, _)| seen != t)) {
-                self.elapsed.push((t, ns));
-            }
-        }
+        self.elapsed.extend(rows.iter().map(|&(t, _)| Divisor::new(now - t)));
     }
 
-    /// The rate of `bytes` since time `t0` to the last row's time, bits/s, as
-    /// [`bits_per_sec`] gives it.
-    fn rate_since(&self, t0: u64, bytes: u64, now: u64) -> u64 {
-        match self.elapsed.iter().find(|&&(t, _)| t == t0) {
-            Some((_, ns)) => ns.mul_div(bytes, 8_000_000_000),
-            None => bits_per_sec(bytes, now.saturating_sub(t0)),
-        }
+    /// The rate of `bytes` since row `i` to the last row, bits/s, as [`bits_per_sec`] gives
+    /// it.
+    fn rate_since(&self, i: usize, bytes: u64) -> u64 {
+        self.elapsed[i].map_or(0, |ns| ns.mul_div(bytes, 8_000_000_000))
     }
 
     /// The time of row `i`.
@@ -213,9 +209,9 @@ impl Histories {
         self.rows[i].0
     }
 
-    /// The time of row `i` and the sample of `column` in it.
-    fn get(&self, i: usize, column: usize) -> (u64, Sample) {
-        (self.rows[i].0, self.rows[i].1[column])
+    /// Row `i` and the sample of `column` in it.
+    fn get(&self, i: usize, column: usize) -> (usize, Sample) {
+        (i, self.rows[i].1[column])
     }
 }
 
@@ -224,38 +220,66 @@ impl Histories {
 #[derive(Debug, Clone)]
 pub struct Estimator {
     /// The time of the last row the class was observed at.
-    last_ns: Option<u64>,
+    last_ns: When,
     /// The rows in a row, up to that one, the class was observed at: its history (a class
     /// missing from a row, new or skipped by a failed tick, starts a new one).
-    rows: usize,
+    rows: u16,
     /// The last demand given.
     demand: u64,
     /// Limited ticks in a row whose queue did not shrink (or was deep).
-    streak: u32,
+    streak: u8,
     /// The last observation at which the class was quiet (had offered less than
     /// [`WAKE_BYTES`] over the silence window): what it sends after that is
     /// measured from there while the windows catch up. Its time and offered bytes.
-    quiet_at: Option<(u64, u64)>,
+    quiet_at: (When, u64),
     /// When the class was last limited.
-    limited_at: Option<u64>,
+    limited_at: When,
     /// The last observation at which the class had offered more than at the one before.
-    sent_at: Option<u64>,
+    sent_at: When,
     /// Its pauses (time between two observations at which it offered more) of the last
     /// [`PAUSE_MEMORY_NS`] that no later pause was as long as: (when the pause ended, its
     /// length), oldest and longest first. The front is the longest remembered pause; one
     /// that a later, longer pause outlasts can never be it again, and is not kept (a
     /// class that sends every tick would otherwise keep 200 and have them all read every tick).
-    pauses: Vec<(u64, u64)>,
+    /// The first is kept in the estimator: a class that sends every tick keeps one pause,
+    /// and at 10,000 classes a load from the heap for each was a twentieth of a tick's
+    /// cache misses.
+    pauses: SmallVec<[(u64, u64); 1]>,
     /// The offered bytes of the last observation, and the time of the first observation of
     /// its history that had offered as many: a class whose history is flat from its first
     /// row is idle throughout, and [`Estimator::update`] does not read its history.
     flat: (u64, u64),
-    /// [`HEADROOM_PERCENT`], or another value for the model's tuning sweep; the dead band
-    /// scales with it (from half of it to twice it).
-    headroom_percent: u64,
+    /// The pacing rate the windows that follow from it were last worked out for, and its
+    /// queue window ([`queue_window`]) and recent window ([`recent_window`]): a class's rate
+    /// changes seldom, and below a few mbit/s each is a division, which takes 40-90 cycles
+    /// on older x86 cores (at 10,000 classes paced at a few hundred kbit/s, a tenth of a
+    /// tick).
+    windows: (u64, u64, u64),
+    /// [`HEADROOM_PERCENT`], or another value for the model's tuning sweep (at most
+    /// 255); the dead band scales with it (from half of it to twice it).
+    headroom_percent: u8,
     /// Whether an idle class's history is read all the same (the tests compare the two).
     #[cfg(test)]
     read_idle: bool,
+}
+
+/// A moment an estimator remembers, or none: an `Option<u64>` in 8 bytes rather than 16
+/// (the monotonic clock never reaches `u64::MAX`). Every estimator is read every tick, and
+/// at 10,000 classes the memory they take is what a tick waits on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct When(u64);
+
+impl When {
+    const NEVER: Self = Self(u64::MAX);
+
+    fn at(t: u64) -> Self {
+        debug_assert!(t != u64::MAX, "a time the monotonic clock reaches");
+        Self(t)
+    }
+
+    fn get(self) -> Option<u64> {
+        (self.0 != u64::MAX).then_some(self.0)
+    }
 }
 
 impl Default for Estimator {
@@ -319,16 +343,17 @@ impl Estimator {
     #[must_use]
     pub fn with_headroom(percent: u64) -> Self {
         Self {
-            last_ns: None,
+            last_ns: When::NEVER,
             rows: 0,
             demand: 0,
             streak: 0,
-            quiet_at: None,
-            limited_at: None,
-            sent_at: None,
-            pauses: Vec::new(),
+            quiet_at: (When::NEVER, 0),
+            limited_at: When::NEVER,
+            sent_at: When::NEVER,
+            pauses: SmallVec::new(),
             flat: (0, 0),
-            headroom_percent: percent,
+            windows: (0, queue_window(0), recent_window(0)),
+            headroom_percent: u8::try_from(percent).unwrap_or(u8::MAX),
             #[cfg(test)]
             read_idle: false,
         }
@@ -339,13 +364,18 @@ impl Estimator {
     pub fn update(&mut self, h: &mut Histories, column: usize, o: &Observation) -> Estimate {
         let n = h.rows.len();
         assert!(n > 0 && h.time(n - 1) == o.now_ns, "an observation at the time of the row started last");
-        if self.last_ns != Some(o.now_ns) {
+        // What the class had offered at the row before, if it is in its history: the bytes
+        // of its last observation (`flat`), unless that was at this row already.
+        let repeat = self.last_ns.get() == Some(o.now_ns);
+        let last_offered = self.flat.0;
+        if !repeat {
             let previous = n.checked_sub(2).map(|i| h.time(i));
-            self.rows = if self.last_ns.is_some() && self.last_ns == previous { (self.rows + 1).min(n) } else { 1 };
-            self.last_ns = Some(o.now_ns);
+            let last = self.last_ns.get();
+            self.rows = if last.is_some() && last == previous { (self.rows + 1).min(rows_of(n)) } else { 1 };
+            self.last_ns = When::at(o.now_ns);
         }
         // The class's history: rows `first..n`.
-        let first = n - self.rows;
+        let first = n - usize::from(self.rows);
         if self.rows == 1 || self.flat.0 != o.counters.offered_bytes {
             self.flat = (o.counters.offered_bytes, o.now_ns);
         }
@@ -354,9 +384,19 @@ impl Estimator {
         if self.idle_throughout(h, first, o) {
             return self.idle(o);
         }
-        self.note_pause(h, column, first, o);
+        let before = if self.rows < 2 {
+            None
+        } else if repeat {
+            Some(h.get(n - 2, column).1.offered_bytes)
+        } else {
+            Some(last_offered)
+        };
+        self.note_pause(before, o);
         let offered = Self::rate_since(h, h.get(first, column), o);
-        let window = queue_window(o.pacing);
+        if self.windows.0 != o.pacing {
+            self.windows = (o.pacing, queue_window(o.pacing), recent_window(o.pacing));
+        }
+        let (_, window, recent_ns) = self.windows;
         // The starts of the queue window and of the silence window (whether the class is
         // quiet, and for most classes whether it is silent).
         let recent = Self::window_start(h, column, first, o.now_ns, window);
@@ -368,7 +408,7 @@ impl Estimator {
                         sample.packets != s0.packets && sample.idle_packets == s0.idle_packets
                     })));
         if limited {
-            self.limited_at = Some(o.now_ns);
+            self.limited_at = When::at(o.now_ns);
         }
         let lately_limited = self.lately_limited(o.now_ns);
         let demand = if limited && o.backlog_ns >= deep_queue(window) {
@@ -393,7 +433,8 @@ impl Estimator {
             let grown = if self.streak == 0 {
                 0
             } else {
-                let step = (o.pacing / FIRST_GROWTH_DIVISOR) << (self.streak - 1).min(FIRST_GROWTH_DIVISOR.ilog2());
+                let step =
+                    (o.pacing / FIRST_GROWTH_DIVISOR) << u32::from(self.streak - 1).min(FIRST_GROWTH_DIVISOR.ilog2());
                 o.pacing.saturating_add(step.min(o.pacing))
             };
             // A limited class uses all of its pacing rate: it never wants less.
@@ -405,16 +446,15 @@ impl Estimator {
             // long window has not caught up with yet); not otherwise: an application that
             // writes in bursts (16 KB every 50 ms) has two writes or three in 100 ms, and its
             // demand would jump with each third.
-            let recent = recent_window(o.pacing);
-            let lately =
-                Self::window_start(h, column, first, o.now_ns, recent).map_or(offered, |s| Self::rate_since(h, s, o));
+            let lately = Self::window_start(h, column, first, o.now_ns, recent_ns)
+                .map_or(offered, |s| Self::rate_since(h, s, o));
             let mut risen = if lately_limited { lately } else { 0 };
             // A class that was quiet until a moment ago (a transfer starting): what it sent
             // since, over the time since, not spread over windows it was quiet in (its
             // share would be undercounted until they pass, and its first windows queued).
-            if let Some((t0, bytes0)) = self.quiet_at {
+            if let (Some(t0), bytes0) = (self.quiet_at.0.get(), self.quiet_at.1) {
                 let since = o.counters.offered_bytes.saturating_sub(bytes0);
-                if o.now_ns.saturating_sub(t0) <= recent && since >= WAKE_BYTES {
+                if o.now_ns.saturating_sub(t0) <= recent_ns && since >= WAKE_BYTES {
                     risen = risen.max(Self::rate_between(t0, bytes0, o));
                 }
             }
@@ -444,7 +484,7 @@ impl Estimator {
         let over_silence = at_silence
             .map_or(o.counters.offered_bytes, |(_, s0)| o.counters.offered_bytes.saturating_sub(s0.offered_bytes));
         if over_silence < WAKE_BYTES {
-            self.quiet_at = Some((o.now_ns, o.counters.offered_bytes));
+            self.quiet_at = (When::at(o.now_ns), o.counters.offered_bytes);
         }
         let sending = match recent {
             Some((_, s0)) if s0.offered_bytes == o.counters.offered_bytes => 0,
@@ -457,7 +497,7 @@ impl Estimator {
     /// What a class that is not limited and offered `offered` bits/s wants: that plus the
     /// headroom, or its last demand if that is within the dead band.
     fn with_headroom_and_dead_band(&self, offered: u64) -> u64 {
-        let h = self.headroom_percent;
+        let h = u64::from(self.headroom_percent);
         let low = percent_over(offered, h * DEAD_BAND_LOW_PERCENT / HEADROOM_PERCENT);
         let high = percent_over(offered, h * DEAD_BAND_HIGH_PERCENT / HEADROOM_PERCENT).saturating_add(HEADROOM_FLOOR);
         if (low..=high).contains(&self.demand) {
@@ -482,7 +522,8 @@ impl Estimator {
             && self.rows >= 2
             && self.flat.1 <= start
             && o.now_ns.saturating_sub(start) >= SILENCE_NS
-            && self.quiet_at.is_some_and(|(_, bytes)| bytes == o.counters.offered_bytes)
+            && self.quiet_at.0.get().is_some()
+            && self.quiet_at.1 == o.counters.offered_bytes
     }
 
     /// The estimate of a class idle throughout its history ([`Estimator::idle_throughout`]):
@@ -491,22 +532,22 @@ impl Estimator {
     fn idle(&mut self, o: &Observation) -> Estimate {
         self.streak = 0;
         self.demand = self.with_headroom_and_dead_band(0);
-        self.quiet_at = Some((o.now_ns, o.counters.offered_bytes));
+        self.quiet_at = (When::at(o.now_ns), o.counters.offered_bytes);
         let lately_limited = self.lately_limited(o.now_ns);
         Estimate { demand: self.demand, offered: 0, limited: false, lately_limited, sending: 0 }
     }
 
     /// Records the pause that ends at this observation, if the class offered more than at
-    /// the last one.
-    fn note_pause(&mut self, h: &Histories, column: usize, first: usize, o: &Observation) {
-        let previous = (h.rows.len() - 1).checked_sub(1).filter(|&i| i >= first);
-        let sent = previous.is_none_or(|i| o.counters.offered_bytes > h.get(i, column).1.offered_bytes);
+    /// the row before (`before`, if in its history; not read from the row: at 10,000 classes
+    /// each row a tick reads is a stream of loads that miss the caches).
+    fn note_pause(&mut self, before: Option<u64>, o: &Observation) {
+        let sent = before.is_none_or(|bytes| o.counters.offered_bytes > bytes);
         if !sent {
             return;
         }
         // A silence longer than SILENCE_NS was a stop (an on/off sender's off phase), not a
         // pause between writes.
-        if let Some(pause) = self.sent_at.map(|t| o.now_ns.saturating_sub(t)).filter(|&p| p <= SILENCE_NS) {
+        if let Some(pause) = self.sent_at.get().map(|t| o.now_ns.saturating_sub(t)).filter(|&p| p <= SILENCE_NS) {
             while self.pauses.last().is_some_and(|&(_, p)| p <= pause) {
                 self.pauses.pop();
             }
@@ -518,24 +559,24 @@ impl Estimator {
         if forgotten > 0 {
             self.pauses.drain(..forgotten);
         }
-        self.sent_at = Some(o.now_ns);
+        self.sent_at = When::at(o.now_ns);
     }
 
     /// Whether the class was limited within [`RATE_WINDOW_NS`].
     fn lately_limited(&self, now: u64) -> bool {
-        self.limited_at.is_some_and(|t| now.saturating_sub(t) <= RATE_WINDOW_NS)
+        self.limited_at.get().is_some_and(|t| now.saturating_sub(t) <= RATE_WINDOW_NS)
     }
 
     /// Whether the class has stopped: it has paused for twice its longest pause of the last
     /// [`PAUSE_MEMORY_NS`], and for [`STOP_NS`] at least.
     fn stopped(&self, now: u64) -> bool {
         let longest = self.pauses.first().map_or(0, |&(_, p)| p);
-        self.sent_at.is_some_and(|t| now.saturating_sub(t) >= (2 * longest).max(STOP_NS))
+        self.sent_at.get().is_some_and(|t| now.saturating_sub(t) >= (2 * longest).max(STOP_NS))
     }
 
-    /// The offered rate from sample `since` to the observation, bits/s.
-    fn rate_since(h: &Histories, (t0, s0): (u64, Sample), o: &Observation) -> u64 {
-        h.rate_since(t0, o.counters.offered_bytes.saturating_sub(s0.offered_bytes), o.now_ns)
+    /// The offered rate from sample `since` (its row, and it) to the observation, bits/s.
+    fn rate_since(h: &Histories, (i, s0): (usize, Sample), o: &Observation) -> u64 {
+        h.rate_since(i, o.counters.offered_bytes.saturating_sub(s0.offered_bytes))
     }
 
     /// The offered rate from time `t0`, when the class had offered `bytes0`, to the
@@ -554,7 +595,7 @@ impl Estimator {
     /// from one class to the next the CPU's prefetcher learns.
     #[expect(clippy::inline_always, reason = "one load instruction per search")]
     #[inline(always)]
-    fn window_start(h: &Histories, column: usize, first: usize, now: u64, window: u64) -> Option<(u64, Sample)> {
+    fn window_start(h: &Histories, column: usize, first: usize, now: u64, window: u64) -> Option<(usize, Sample)> {
         if let Some(k) = COMMON_WINDOWS.iter().position(|&w| w == window) {
             return h.common[k].filter(|&i| i >= first).map(|i| h.get(i, column));
         }
@@ -575,6 +616,12 @@ impl Estimator {
         }
         (i > first).then(|| h.get(i - 1, column))
     }
+}
+
+/// `n` rows as an estimator counts them (a few hundred at most: the rows of
+/// [`RATE_WINDOW_NS`] at a tick of 1 ms or more; more is counted as 65,535).
+fn rows_of(n: usize) -> u16 {
+    u16::try_from(n).unwrap_or(u16::MAX)
 }
 
 /// A queue deep enough that a limited class wants all it can get: two queue windows, and at
@@ -929,11 +976,18 @@ mod tests {
                 let o = Observation { now_ns: now, counters: c, backlog_ns, pacing: rate.max(MBIT) };
                 let (a, b) = (short.update(&o), full.update(&o));
                 assert_eq!(a, b, "at {} ms", now / MS);
-                let first = short.histories.rows.len() - short.estimator.rows;
+                let first = short.histories.rows.len() - usize::from(short.estimator.rows);
                 idle += u32::from(short.estimator.idle_throughout(&short.histories, first, &o));
             }
         }
         idle
+    }
+
+    /// Every estimator is read every tick: at 10,000 classes its size is what a tick waits on
+    /// (two cache lines, 1.25 MB in all).
+    #[test]
+    fn an_estimator_fits_in_two_cache_lines() {
+        assert!(std::mem::size_of::<Estimator>() <= 128, "{} bytes", std::mem::size_of::<Estimator>());
     }
 
     #[test]
