@@ -52,7 +52,7 @@ use std::collections::VecDeque;
 
 use super::{
     demand::{mul_div, percent_over, Divisor, Estimate, FRAME_BITS, HEADROOM_FLOOR, HEADROOM_PERCENT},
-    tree::Tree,
+    tree::{Packed, Tree},
 };
 
 /// A class that is not limited is quiet while it wants at most `1/QUIET_DIVISOR` of its wake
@@ -148,6 +148,8 @@ pub struct Pacer {
     /// walking the nodes for them was a few percent of a tick).
     leaves: Vec<usize>,
     parents: Vec<usize>,
+    /// The tree's nodes as the allocator reads them ([`Tree::packed`]).
+    packed: Packed,
     /// Scratch for each tick's demands and queues, kept for the next tick.
     demand: Vec<u64>,
     backlog: Vec<u64>,
@@ -164,22 +166,25 @@ impl Pacer {
             self.cursor = 0;
             self.leaves = tree.leaves();
             self.parents = tree.parents();
+            self.packed = tree.packed();
         }
-        debug_assert!(self.parents == tree.parents(), "a Pacer serves one tree");
+        debug_assert!(self.parents == tree.parents() && self.packed == tree.packed(), "a Pacer serves one tree");
         let mut demand = std::mem::take(&mut self.demand);
         let mut backlog = std::mem::take(&mut self.backlog);
         demand.clear();
-        demand.extend(leaves.iter().map(|l| l.demand));
         backlog.clear();
-        backlog.extend(leaves.iter().map(|l| l.backlog_ns));
-        let (allocation, wants) = tree.allocate_and_want(&demand);
+        for l in leaves {
+            demand.push(l.demand);
+            backlog.push(l.backlog_ns);
+        }
+        let (allocation, wants) = tree.allocate_and_want_at(&self.packed, &demand);
         let allocated = self.settler.settle(tree, &self.leaves, &allocation, &backlog, now_ns);
         self.refresh_wake(tree, &wants, leaves);
-        let mut pacing = Self::lend(tree, &self.leaves, &allocated, leaves, self.settler.committed);
+        let mut pacing = Self::lend(tree, &self.packed, &self.leaves, &allocated, leaves, self.settler.committed);
         let mut mode = vec![Mode::Allocated; n];
         for &i in &self.leaves {
             let wake = self.wake[i];
-            let guarantee = tree.nodes[i].rate;
+            let guarantee = self.packed.rate(i);
             // A class part of whose allocation is lent (`lend`) is still paced at all of it.
             pacing[i] = pacing[i].max(allocated[i]);
             mode[i] = if !leaves[i].limited && demand[i] <= wake / QUIET_DIVISOR {
@@ -208,7 +213,14 @@ impl Pacer {
     /// allocated for a bunch that has drained) is lent too, as HTB lends what a class leaves
     /// idle; its own entry here is what it kept, and `tick` paces it at all of its allocation
     /// (its estimator has not lowered its demand yet).
-    fn lend(tree: &Tree, leaf_nodes: &[usize], allocated: &[u64], leaves: &[Leaf], committed: u64) -> Vec<u64> {
+    fn lend(
+        tree: &Tree,
+        packed: &Packed,
+        leaf_nodes: &[usize],
+        allocated: &[u64],
+        leaves: &[Leaf],
+        committed: u64,
+    ) -> Vec<u64> {
         let (mut sum, mut kept, mut any) = (0u64, 0u64, false);
         let mut floor = allocated.to_vec();
         let mut want = allocated.to_vec();
@@ -227,7 +239,7 @@ impl Pacer {
         let root = &tree.nodes[0];
         let cap = root.rate.min(root.ceil).saturating_sub(committed.saturating_sub(sum));
         if any && cap > kept {
-            tree.allocate_over(&want, &floor, cap)
+            tree.allocate_over_at(packed, &want, &floor, cap)
         } else {
             floor
         }
@@ -248,7 +260,7 @@ impl Pacer {
             if i == 0 || !tree.is_leaf(i) || leaves[i].limited {
                 continue;
             }
-            let (wake, cost) = tree.allocate_one(i, wants, &self.parents);
+            let (wake, cost) = tree.allocate_one_at(&self.packed, i, wants, &self.parents);
             self.wake[i] = wake;
             visits += cost;
         }
