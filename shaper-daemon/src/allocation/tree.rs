@@ -226,19 +226,46 @@ impl Tree {
     #[must_use]
     pub fn allocate_over_at(&self, p: &Packed, demand: &[u64], floor: &[u64], cap: u64) -> Vec<u64> {
         assert_eq!(floor.len(), self.nodes.len(), "one floor per node");
-        let mut rates = vec![0u64; self.nodes.len()];
-        self.sum_floors(p, 0, floor, &mut rates);
-        self.allocate_with(p, demand, &rates, cap).0
+        assert_eq!(demand.len(), self.nodes.len(), "one demand per node");
+        debug_assert!(*p == self.packed(), "this tree's packed nodes");
+        let n = self.nodes.len();
+        let (mut rates, mut wants, mut alloc) = (vec![0u64; n], vec![0u64; n], vec![0u64; n]);
+        let (root, _) = self.want_and_floor(p, 0, demand, floor, &mut wants, &mut rates);
+        self.give(p, 0, root.min(cap), &wants, &rates, &mut alloc, &mut Scratch::default());
+        alloc
     }
 
-    /// Sets `rates[i]` to node `i`'s floor (a leaf's own, an inner node's leaves' sum).
-    fn sum_floors(&self, p: &Packed, i: usize, floor: &[u64], rates: &mut [u64]) -> u64 {
-        rates[i] = if p.leaf[i] {
-            floor[i]
+    /// [`Self::want`], and `rates[i]` set to node `i`'s floor (a leaf's own, an inner node's
+    /// leaves' sum), in the same walk. Returns `(wants[i], rates[i])`.
+    fn want_and_floor(
+        &self,
+        p: &Packed,
+        i: usize,
+        demand: &[u64],
+        floor: &[u64],
+        wants: &mut [u64],
+        rates: &mut [u64],
+    ) -> (u64, u64) {
+        let (raw, sum) = if p.leaf[i] {
+            (demand[i], floor[i])
         } else {
-            self.nodes[i].children.iter().map(|&c| self.sum_floors(p, c, floor, rates)).fold(0u64, u64::saturating_add)
+            self.nodes[i]
+                .children
+                .iter()
+                .map(|&c| {
+                    if p.leaf[c] {
+                        wants[c] = demand[c].min(p.ceil[c]);
+                        rates[c] = floor[c];
+                        (wants[c], rates[c])
+                    } else {
+                        self.want_and_floor(p, c, demand, floor, wants, rates)
+                    }
+                })
+                .fold((0u64, 0u64), |(w, r), (cw, cr)| (w.saturating_add(cw), r.saturating_add(cr)))
         };
-        rates[i]
+        wants[i] = raw.min(p.ceil[i]);
+        rates[i] = sum;
+        (wants[i], rates[i])
     }
 
     /// [`Self::allocate_and_want`] with `rates` as the nodes' guarantees and `cap` for the
