@@ -83,12 +83,14 @@ impl Tree {
     }
 
     /// Sets `wants[i]` to what node `i` can use, and the same for the nodes under it: a
-    /// leaf's own demand, an inner class's children's wants added up, capped at its ceil.
-    /// Returns `wants[i]`. One pass over the tree: each node's want is then read, not
-    /// computed again at each level above it.
-    fn want(&self, p: &Packed, i: usize, demand: &[u64], wants: &mut [u64]) -> u64 {
-        let raw = if p.leaf[i] {
-            demand[i]
+    /// leaf's own demand, an inner class's children's wants added up, capped at its ceil;
+    /// and has `floors` add up the leaves' floors under each node, in the same walk (the
+    /// lending pass; [`NoFloors`] for none). Returns `wants[i]` and node `i`'s floor. One pass
+    /// over the tree: each node's want is then read, not computed again at each level above
+    /// it.
+    fn want(&self, p: &Packed, i: usize, demand: &[u64], wants: &mut [u64], floors: &mut impl Floors) -> (u64, u64) {
+        let (raw, sum) = if p.leaf[i] {
+            (demand[i], floors.leaf(i))
         } else {
             // A leaf child's want is worked out here rather than in a call of its own: most
             // nodes are leaves.
@@ -98,15 +100,18 @@ impl Tree {
                 .map(|&c| {
                     if p.leaf[c] {
                         wants[c] = demand[c].min(p.ceil[c]);
-                        wants[c]
+                        let f = floors.leaf(c);
+                        floors.set(c, f);
+                        (wants[c], f)
                     } else {
-                        self.want(p, c, demand, wants)
+                        self.want(p, c, demand, wants, floors)
                     }
                 })
-                .fold(0u64, u64::saturating_add)
+                .fold((0u64, 0u64), |(w, f), (cw, cf)| (w.saturating_add(cw), f.saturating_add(cf)))
         };
         wants[i] = raw.min(p.ceil[i]);
-        wants[i]
+        floors.set(i, sum);
+        (wants[i], sum)
     }
 
     /// Allocates the link among the leaves. `demand[i]` is what leaf `i` would send (bits/s;
@@ -230,42 +235,9 @@ impl Tree {
         debug_assert!(*p == self.packed(), "this tree's packed nodes");
         let n = self.nodes.len();
         let (mut rates, mut wants, mut alloc) = (vec![0u64; n], vec![0u64; n], vec![0u64; n]);
-        let (root, _) = self.want_and_floor(p, 0, demand, floor, &mut wants, &mut rates);
+        let (root, _) = self.want(p, 0, demand, &mut wants, &mut SumFloors { floor, sums: &mut rates });
         self.give(p, 0, root.min(cap), &wants, &rates, &mut alloc, &mut Scratch::default());
         alloc
-    }
-
-    /// [`Self::want`], and `rates[i]` set to node `i`'s floor (a leaf's own, an inner node's
-    /// leaves' sum), in the same walk. Returns `(wants[i], rates[i])`.
-    fn want_and_floor(
-        &self,
-        p: &Packed,
-        i: usize,
-        demand: &[u64],
-        floor: &[u64],
-        wants: &mut [u64],
-        rates: &mut [u64],
-    ) -> (u64, u64) {
-        let (raw, sum) = if p.leaf[i] {
-            (demand[i], floor[i])
-        } else {
-            self.nodes[i]
-                .children
-                .iter()
-                .map(|&c| {
-                    if p.leaf[c] {
-                        wants[c] = demand[c].min(p.ceil[c]);
-                        rates[c] = floor[c];
-                        (wants[c], rates[c])
-                    } else {
-                        self.want_and_floor(p, c, demand, floor, wants, rates)
-                    }
-                })
-                .fold((0u64, 0u64), |(w, r), (cw, cr)| (w.saturating_add(cw), r.saturating_add(cr)))
-        };
-        wants[i] = raw.min(p.ceil[i]);
-        rates[i] = sum;
-        (wants[i], rates[i])
     }
 
     /// [`Self::allocate_and_want`] with `rates` as the nodes' guarantees and `cap` for the
@@ -275,7 +247,7 @@ impl Tree {
         debug_assert!(*p == self.packed(), "this tree's packed nodes");
         let mut alloc = vec![0u64; self.nodes.len()];
         let mut wants = vec![0u64; self.nodes.len()];
-        let root = self.want(p, 0, demand, &mut wants);
+        let (root, _) = self.want(p, 0, demand, &mut wants, &mut NoFloors);
         self.give(p, 0, root.min(cap), &wants, rates, &mut alloc, &mut Scratch::default());
         (alloc, wants)
     }
@@ -369,6 +341,40 @@ impl Packed {
     #[must_use]
     pub fn rate(&self, i: usize) -> u64 {
         self.rate[i]
+    }
+}
+
+/// What [`Tree::want`] adds up besides the wants: a leaf's floor, and each node's sum.
+trait Floors {
+    fn leaf(&self, i: usize) -> u64;
+    fn set(&mut self, i: usize, sum: u64);
+}
+
+/// No floors (the first allocation: its guarantees are the nodes' rates).
+struct NoFloors;
+
+impl Floors for NoFloors {
+    fn leaf(&self, _: usize) -> u64 {
+        0
+    }
+
+    fn set(&mut self, _: usize, _: u64) {}
+}
+
+/// The leaves' `floor`, added up into `sums` (a leaf's own, an inner node's leaves' sum):
+/// the lending pass's guarantees.
+struct SumFloors<'a> {
+    floor: &'a [u64],
+    sums: &'a mut [u64],
+}
+
+impl Floors for SumFloors<'_> {
+    fn leaf(&self, i: usize) -> u64 {
+        self.floor[i]
+    }
+
+    fn set(&mut self, i: usize, sum: u64) {
+        self.sums[i] = sum;
     }
 }
 
