@@ -456,7 +456,7 @@ impl Estimator {
             // A class that was quiet until a moment ago (a transfer starting): what it sent
             // since, over the time since, not spread over windows it was quiet in (its
             // share would be undercounted until they pass, and its first windows queued).
-            if let (Some(t0), bytes0) = (self.quiet_at.0.get(), self.quiet_at.1) {
+            if let Some((t0, bytes0)) = self.quiet_at() {
                 let since = o.counters.offered_bytes.saturating_sub(bytes0);
                 if o.now_ns.saturating_sub(t0) <= recent_ns && since >= WAKE_BYTES {
                     risen = risen.max(Self::rate_between(t0, bytes0, o));
@@ -526,8 +526,7 @@ impl Estimator {
             && self.rows >= 2
             && self.flat.1 <= start
             && o.now_ns.saturating_sub(start) >= SILENCE_NS
-            && self.quiet_at.0.get().is_some()
-            && self.quiet_at.1 == o.counters.offered_bytes
+            && self.quiet_at().is_some_and(|(_, bytes)| bytes == o.counters.offered_bytes)
     }
 
     /// The estimate of a class idle throughout its history ([`Estimator::idle_throughout`]):
@@ -564,6 +563,12 @@ impl Estimator {
             self.pauses.drain(..forgotten);
         }
         self.sent_at = When::at(o.now_ns);
+    }
+
+    /// The time and offered bytes of the last observation at which the class was quiet, if
+    /// any.
+    fn quiet_at(&self) -> Option<(u64, u64)> {
+        self.quiet_at.0.get().map(|t| (t, self.quiet_at.1))
     }
 
     /// Whether the class was limited within [`RATE_WINDOW_NS`].

@@ -195,14 +195,14 @@ impl Tree {
         path.reverse();
         // The wants along the path, the leaf's first: all it can get, capped at each ceil.
         let mut what_if = vec![0u64; path.len()];
-        what_if[path.len() - 1] = self.nodes[leaf].ceil;
+        what_if[path.len() - 1] = p.ceil[leaf];
         // What child `c` of the path's node at depth `d` wants.
         let want = |what_if: &[u64], d: usize, c: usize| if c == path[d + 1] { what_if[d + 1] } else { wants[c] };
         let mut visits = 1;
         for d in (0..path.len() - 1).rev() {
-            let n = &self.nodes[path[d]];
-            let raw = n.children.iter().map(|&c| want(&what_if, d, c)).fold(0u64, u64::saturating_add);
-            what_if[d] = raw.min(n.ceil);
+            let raw =
+                self.nodes[path[d]].children.iter().map(|&c| want(&what_if, d, c)).fold(0u64, u64::saturating_add);
+            what_if[d] = raw.min(p.ceil[path[d]]);
         }
         let mut amount = what_if[0].min(self.link_cap());
         let mut scratch = Scratch::default();
