@@ -882,6 +882,7 @@ impl Datapath {
             let old = self.iface_config(ifindex)?;
             self.journal.get_or_insert_default().push(Undo::Iface(ifindex, old));
         }
+        let config = config.with_byte_ns();
         self.ifaces.insert(ifindex, config, 0).map_err(map_err(maps::IFACES, format!("setting ifindex {ifindex}")))?;
         self.refresh_iface_slot(ifindex)
     }
@@ -1089,6 +1090,7 @@ impl Datapath {
             let old = self.class_config(class)?;
             self.journal.get_or_insert_default().push(Undo::Class(class, old));
         }
+        let config = config.with_byte_ns();
         self.class_config.set(class, config, 0).map_err(map_err(maps::CLASS_CONFIG, format!("class {class}")))
     }
 

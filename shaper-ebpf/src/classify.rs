@@ -31,8 +31,8 @@ pub fn rule_set() -> Globals {
 pub fn interval_ids(set: Globals, key: &mut RuleKey, p: &Parsed) {
     let base = (set.bank & 1) * PORT_SLOTS;
     if p.has_ports {
-        key.sport = SPORT_IDS.get(base + u32::from(p.sport)).copied().unwrap_or(0);
-        key.dport = DPORT_IDS.get(base + u32::from(p.dport)).copied().unwrap_or(0);
+        key.sport = SPORT_IDS.get(base + u32::from(p.sport())).copied().unwrap_or(0);
+        key.dport = DPORT_IDS.get(base + u32::from(p.dport())).copied().unwrap_or(0);
     }
     if p.ip_len != 0 {
         // At most 65535 (the parser's bound): within the bank's slots.

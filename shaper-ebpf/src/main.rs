@@ -29,11 +29,12 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use shaper_common::{
-    delay_bucket, frames_ns, ActiveClasses, ClassConfig, ClassState, ClassStats, Globals, HostState, IfaceConfig,
-    IfaceSlot, LinkState, Origin, RuleKey, RuleTarget, Tuple, ACTIVE_WORDS, CLASS_BORROWING, CLASS_QUIET, DSCP_OVER,
-    DSCP_SET, FILTER_WORDS, HOLD_MAX_NS, HOST_SETS, HOST_SLOTS, HOST_WAYS, IFACE_DOWNLOAD, IFACE_L3, IFACE_NAT,
-    ISOLATE_FLOW, ISOLATE_NONE, LAN_L3, MAX_CLASSES, MAX_IFB_TARGETS, MAX_INTERFACES, MAX_RULE_ENTRIES, MAX_TUPLES,
-    NO_RULE, ORIGIN_SLOTS, PORT_SLOTS, PROFILE_BURST_FRAMES, RULE_BANKS, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
+    delay_bucket, frames_ns, pace_ns, ActiveClasses, ClassConfig, ClassState, ClassStats, Globals, HostState,
+    IfaceConfig, IfaceSlot, LinkState, Origin, RuleKey, RuleTarget, Tuple, ACTIVE_WORDS, CLASS_BORROWING, CLASS_QUIET,
+    DSCP_OVER, DSCP_SET, FILTER_WORDS, FULL_FRAME, HOLD_MAX_NS, HOST_SETS, HOST_SLOTS, HOST_WAYS, IFACE_DOWNLOAD,
+    IFACE_L3, IFACE_NAT, ISOLATE_FLOW, ISOLATE_NONE, LAN_L3, MAX_CLASSES, MAX_IFB_TARGETS, MAX_INTERFACES,
+    MAX_RULE_ENTRIES, MAX_TUPLES, NO_RULE, ORIGIN_SLOTS, PORT_SLOTS, PROFILE_BURST_FRAMES, RULE_BANKS,
+    SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
 };
 
 #[map]
@@ -127,8 +128,8 @@ fn record_origin(ctx: &TcContext) {
     let origin = Origin {
         src: key.src,
         dst: key.dst,
-        sport: p.sport,
-        dport: p.dport,
+        sport: p.sport(),
+        dport: p.dport(),
         family: key.family,
         proto: key.proto,
         src_mac: key.src_mac,
@@ -179,15 +180,15 @@ fn same16(a: &[u8; 16], b: &[u8; 16]) -> bool {
 /// match the host's own, and isolation sees each host apart. Not inlined: a frame of its own, as
 /// `link_take`.
 #[inline(never)]
-fn restore_origin(skb: *mut aya_ebpf::bindings::__sk_buff, key: &mut RuleKey, sport: &mut u16, dport: u16) {
+fn restore_origin(skb: *mut aya_ebpf::bindings::__sk_buff, key: &mut RuleKey, p: &mut parse::Parsed) {
     // SAFETY: the helper only reads (and caches) the skb's flow hash.
     let hash = unsafe { bpf_get_hash_recalc(skb) };
     // SAFETY: the value lives as long as the map; fields are read once.
     let Some(o) = (unsafe { ORIGINS.get(&hash) }) else { return };
-    if o.family == key.family && o.proto == key.proto && o.dport == dport && same16(&o.dst, &key.dst) {
+    if o.family == key.family && o.proto == key.proto && o.dport == p.dport() && same16(&o.dst, &key.dst) {
         key.src = o.src;
         key.src_mac = o.src_mac;
-        *sport = o.sport;
+        p.set_sport(o.sport);
     }
 }
 
@@ -248,11 +249,11 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     let (rule_class, flow, hdr_len, ip) = match parse::parse(ctx, iface.flags & IFACE_L3 != 0, key) {
         Ok(mut p) => {
             if iface.flags & IFACE_NAT != 0 {
-                restore_origin(skb, key, &mut p.sport, p.dport);
+                restore_origin(skb, key, &mut p);
             }
             // The flow cache first: the rules are searched for a flow's first packet (or
             // after the rules changed), not for each.
-            let flow = Flow::find(key, p.sport, p.dport, set);
+            let flow = Flow::find(key, p.sport(), p.dport(), set);
             let rule_class = classify::flow_class(key, &p, set.packed(), flow.class(set)) as u32;
             (rule_class, flow, p.hdr_len, IpEcn { family: key.family, l3: p.l3, ecn: p.ecn })
         }
@@ -374,9 +375,8 @@ struct LinkSlot {
 impl LinkSlot {
     #[inline(always)]
     fn new(iface: &IfaceConfig, bytes: u64) -> Self {
-        let rate = iface.link_bytes;
-        let link = if rate == 0 { None } else { LINKS.get_ptr_mut(iface.slot) };
-        Self { link, cost: (bytes * NS).checked_div(rate).unwrap_or(0) }
+        let link = if iface.link_bytes == 0 { None } else { LINKS.get_ptr_mut(iface.slot) };
+        Self { link, cost: pace_ns(bytes, iface.link_byte_ns) }
     }
 
     /// Takes the packet's time on the link clock: returns when the bytes paced before it
@@ -481,22 +481,31 @@ fn wire_len(skb: *const aya_ebpf::bindings::__sk_buff, hdr_len: u32, iface: &Ifa
 /// `v`, as a value the verifier knows nothing of. The verifier walks `shape` once for each
 /// distinct state that reaches a point, and a value it knows exactly (a wire length the
 /// parser's path fixed, a `bool` a callee returned as a constant) tells states apart that
-/// differ in nothing else: each such value doubled the walk of what follows. Stored as two
-/// 32-bit halves and read back whole, the value is unknown to it, and the paths that differ
-/// only by it are walked once. The egress program's verified instructions (Linux 6.18, with
-/// the five values `shape` passes through here): 356,854 before, 213,688 after; loading it
-/// took 1.0 s and 0.5 s (6.1's verifier, about 11 s under the VM tests' emulated CPU, gained
-/// nothing). Costs two stores and a load on the stack.
+/// differ in nothing else: each such value doubled the walk of what follows. Its two 32-bit
+/// halves go through stack words that are not at the start of an 8-byte slot, which the
+/// verifier does not track (it tracks a spilled register only at a slot's start; a non-zero
+/// value written elsewhere reads back unknown), and the paths that differ only by the value
+/// are walked once. The egress program's verified instructions (Linux 6.18, with the five
+/// values `shape` passes through here): 356,854 before, 213,688 after; loading it took 1.0 s
+/// and 0.5 s (6.1's verifier, about 11 s under the VM tests' emulated CPU, gained nothing).
+///
+/// Each half is read back as it was written, at the same address and size, so the CPU
+/// forwards it from its store buffer. (Read back as one 64-bit word over two 32-bit stores,
+/// as it was first, each value stalled the packet about 12 cycles: a load that spans two
+/// stores cannot be forwarded. `perf` put 14 % of the program's samples on the five loads.)
 #[inline(always)]
 fn unknown_to_verifier(v: u64) -> u64 {
-    let mut slot = 0u64;
-    let halves = core::ptr::addr_of_mut!(slot).cast::<u32>();
-    // SAFETY: two aligned 32-bit writes within the 8-byte, 8-aligned `slot`, then a read of it.
-    // Volatile, so that the compiler keeps the store and the load it would otherwise fold.
+    let mut words = core::mem::MaybeUninit::<[u64; 2]>::uninit();
+    // Through an address the compiler cannot see into, so that it keeps `words` whole (at an
+    // 8-aligned place on the stack) rather than give each half a stack word of its own.
+    let halves = core::hint::black_box(words.as_mut_ptr()).cast::<u32>();
+    // SAFETY: the second half of each of two 8-aligned words of `words`, written, then read
+    // back. Volatile, so that the compiler keeps the stores and loads it would otherwise fold.
     unsafe {
-        core::ptr::write_volatile(halves, v as u32);
-        core::ptr::write_volatile(halves.add(1), (v >> 32) as u32);
-        core::ptr::read_volatile(core::ptr::addr_of!(slot))
+        let (lo, hi) = (halves.add(1), halves.add(3));
+        core::ptr::write_volatile(lo, v as u32);
+        core::ptr::write_volatile(hi, (v >> 32) as u32);
+        u64::from(core::ptr::read_volatile(lo)) | u64::from(core::ptr::read_volatile(hi)) << 32
     }
 }
 
@@ -555,10 +564,8 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
 
     // SAFETY: `state` is a valid map value pointer; no reference is created.
     let next = unsafe { core::ptr::addr_of_mut!((*state).next_ns) };
-    let rate = config.rate_bytes;
-    // checked_div: the compiler cannot know that a field read again is still not zero (an
-    // unchecked division would bring a panic path the verifier rejects).
-    let cost = (bytes * NS).checked_div(rate).unwrap_or(0);
+    let byte_ns = config.rate_byte_ns;
+    let cost = pace_ns(bytes, byte_ns);
 
     if p.flow.missed(p.rule_class) {
         stats.flow_misses += segs;
@@ -599,7 +606,7 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
         true
     };
     let in_profile = unknown_to_verifier(in_profile as u64) != 0;
-    if segs == 1 && sparse(state, flow_last, now, cost, rate, horizon) {
+    if segs == 1 && sparse(state, flow_last, now, cost, byte_ns, horizon) {
         // A sparse flow leaves ahead of its class's queue, as fq_codel serves new flows
         // first; its slot is still taken from the class clock, so the class keeps to its rate.
         // CoDel does not see it: its delay says nothing about the class's queue.
@@ -854,7 +861,7 @@ fn share(config: &ClassConfig, host: &[u64; 2], of: &ShareOf, stats: &mut ClassS
     if ahead > config.share_horizon_ns {
         return Share::Drop;
     }
-    st.next_ns = start + (bytes * NS).checked_div(config.share_bytes).unwrap_or(0);
+    st.next_ns = start + pace_ns(bytes, config.share_byte_ns);
     // Each host counts once an epoch, over its share or near it, whichever it was first:
     // counted twice, a lone greedy host would halve its own share. Its bytes count as light
     // only while it was not counted (a contending host's bytes came off its own share).
@@ -940,7 +947,7 @@ const SPARSE_GAP_NS: u64 = 10_000_000;
 /// sparse packets carried during the queue's length, which the two bounds above keep to half
 /// a full frame (at most `queue * rate / SPARSE_SHARE` bytes).
 #[inline(always)]
-fn sparse(state: *mut ClassState, last: u64, now: u64, cost: u64, rate: u64, horizon: u64) -> bool {
+fn sparse(state: *mut ClassState, last: u64, now: u64, cost: u64, byte_ns: u64, horizon: u64) -> bool {
     // SAFETY: `state` points into a map value (caller); no reference is created.
     let next = unsafe { core::ptr::addr_of_mut!((*state).next_ns) };
     // SAFETY: as above.
@@ -953,7 +960,7 @@ fn sparse(state: *mut ClassState, last: u64, now: u64, cost: u64, rate: u64, hor
     if last.saturating_add(queue.min(SPARSE_GAP_NS)) > now {
         return false;
     }
-    if queue > frames_ns(SPARSE_MAX_QUEUE_FRAMES, rate) || queue + cost > horizon {
+    if queue > pace_ns(SPARSE_MAX_QUEUE_FRAMES * FULL_FRAME, byte_ns) || queue + cost > horizon {
         return false;
     }
     sparse_budget(state, now, cost)
