@@ -278,7 +278,7 @@ pub fn delay_bucket(delay_ns: u64) -> usize {
 /// The version of the maps' layout (their key and value types and sizes). Pinned maps live in
 /// a directory named after it, so a shaperd whose maps differ never opens the pins of another:
 /// bump it whenever a map definition or a struct in this file changes.
-pub const MAP_LAYOUT_VERSION: u32 = 11;
+pub const MAP_LAYOUT_VERSION: u32 = 12;
 
 /// Map names, as they appear in the object file.
 pub mod maps {
