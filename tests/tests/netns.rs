@@ -199,7 +199,7 @@ fn pinned_datapath_is_taken_over_in_place() {
             assert!(adopted, "the maps an earlier process pinned are taken over");
             assert_eq!(second.class_slots(), 4096, "the class arrays taken over keep their slots");
             assert!(second.class_stats(big).unwrap().packets >= counted + 5, "shaping went on without a process");
-            assert_eq!(second.class_config(big).unwrap(), fast, "the rates are the ones left");
+            assert_eq!(second.class_config(big).unwrap(), fast.with_byte_ns(), "the rates are the ones left");
             let beyond = second.set_class(4096, fast).unwrap_err().to_string();
             assert_eq!(beyond, "class id 4096 is out of range: the class arrays hold 4096 classes");
             let (_, took_over) = second.attach("lan0", Hook::Egress).unwrap();
