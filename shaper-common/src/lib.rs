@@ -187,12 +187,12 @@ pub const FLOW_KEY_MASK: [u64; RULE_KEY_WORDS] = {
 /// folded down: a bijection of the word), the mixed words summed, and the sum mixed again
 /// (another bijection). So two keys that differ in one word never share a hash, and the
 /// multiplications do not wait on one another: mixed in turn, each word into the hash of the
-/// ones before, the eight took a chain of eight multiplications, about 15 ns a packet
-/// (`perf`, one packet repeated).
+/// ones before, the eight made a chain of eight multiplications (about 15 % of the egress
+/// program's `perf` samples, one packet repeated).
 #[inline(always)]
 #[must_use]
 pub const fn flow_hash(words: &[u64; RULE_KEY_WORDS], sport: u16, dport: u16) -> u64 {
-    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    const K: u64 = MIX_MULTIPLIER;
     let mut h = mix(K ^ ((sport as u64) << 16 | dport as u64));
     let mut i = 0;
     while i < RULE_KEY_WORDS {
@@ -203,12 +203,15 @@ pub const fn flow_hash(words: &[u64; RULE_KEY_WORDS], sport: u16, dport: u16) ->
     mix(h ^ (h >> 32)) | 1
 }
 
+/// [`mix`]'s odd multiplier (2^64 over the golden ratio).
+const MIX_MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
+
 /// A bijection of 64-bit words that spreads each bit over the bits above it (the odd
 /// multiplier) and the high bits over the low ones (the shift).
 #[expect(clippy::inline_always, reason = "called per packet in the tc program, which has no calls to spare")]
 #[inline(always)]
 const fn mix(x: u64) -> u64 {
-    let x = x.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let x = x.wrapping_mul(MIX_MULTIPLIER);
     x ^ (x >> 29)
 }
 
@@ -236,8 +239,8 @@ pub const fn frames_ns(frames: u64, bytes_per_sec: u64) -> u64 {
 /// The time a byte takes at `bytes_per_sec`, in nanoseconds as 32.32 fixed point (0 at a
 /// rate of 0): shaperd writes it next to each rate the datapath paces by, and the datapath
 /// multiplies a packet's length by it ([`pace_ns`]) rather than divide by the rate. A 64-bit
-/// division takes tens of cycles, more than the multiplications (`perf` put 7 % of the
-/// egress program's samples on the class clock's division, one packet repeated).
+/// division takes more cycles than the two multiplications (`perf` put 7 % of the egress
+/// program's samples on the class clock's division, one packet repeated).
 #[must_use]
 pub const fn byte_ns(bytes_per_sec: u64) -> u64 {
     // 10^9 << 32 is below 2^63: every rate of at least a byte a second has its value.

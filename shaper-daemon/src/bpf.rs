@@ -876,7 +876,8 @@ impl Datapath {
         remove_ifindex(&mut self.lan_ifaces, maps::LAN_IFACES, ifindex)
     }
 
-    /// Sets an interface's slot, default class and overhead.
+    /// Sets an interface's slot, default class and overhead. Its `link_byte_ns` is worked
+    /// out here from `link_bytes`, whatever the caller put there.
     pub fn set_iface(&mut self, ifindex: u32, config: IfaceConfig) -> Result<(), BpfError> {
         if self.journal.is_some() {
             let old = self.iface_config(ifindex)?;
@@ -1081,7 +1082,8 @@ impl Datapath {
         Ok(())
     }
 
-    /// Sets a class's rate (bytes/s; 0 = unpaced) and drop horizon.
+    /// Sets a class's rate (bytes/s; 0 = unpaced) and drop horizon. Its `rate_byte_ns` and
+    /// `share_byte_ns` are worked out here from its rates, whatever the caller put there.
     pub fn set_class(&mut self, class: u32, config: ClassConfig) -> Result<(), BpfError> {
         if class >= self.class_slots {
             return Err(BpfError::ClassId { id: class, slots: self.class_slots });

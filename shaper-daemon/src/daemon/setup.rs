@@ -14,9 +14,7 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 
-use shaper_common::{
-    byte_ns, IfaceConfig, IFACE_DOWNLOAD, IFACE_ENABLED, IFACE_L3, IFACE_NAT, LAN_L3, LINK_SLACK_PERCENT,
-};
+use shaper_common::{IfaceConfig, IFACE_DOWNLOAD, IFACE_ENABLED, IFACE_L3, IFACE_NAT, LAN_L3, LINK_SLACK_PERCENT};
 use tracing::{info, warn};
 
 use super::{
@@ -285,7 +283,6 @@ pub(super) fn set_ifaces(
             | if netdev::is_l3(&iface.name) { IFACE_L3 } else { 0 }
             | if iface.direction.towards_hosts() { IFACE_DOWNLOAD } else { 0 }
             | if iface.lan.is_empty() { 0 } else { IFACE_NAT };
-        let link_bytes = iface.rate.bytes_per_sec() / 100 * (100 + LINK_SLACK_PERCENT);
         datapath.set_iface(
             index,
             IfaceConfig {
@@ -293,8 +290,9 @@ pub(super) fn set_ifaces(
                 default_class: ids[default],
                 overhead: iface.overhead,
                 flags,
-                link_bytes,
-                link_byte_ns: byte_ns(link_bytes),
+                link_bytes: iface.rate.bytes_per_sec() / 100 * (100 + LINK_SLACK_PERCENT),
+                // Worked out from `link_bytes` by `Datapath::set_iface`.
+                link_byte_ns: 0,
                 mpu: iface.mpu,
                 linklayer: iface.linklayer.datapath(),
             },

@@ -11,8 +11,8 @@ use std::{
 
 use nix::time::{clock_gettime, ClockId};
 use shaper_common::{
-    byte_ns, frames_ns, ClassConfig, ClassStats, CLASS_BORROWING, CLASS_QUIET, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS,
-    DSCP_OVER, DSCP_SET, ISOLATE_FLOW, ISOLATE_HOST, ISOLATE_NONE,
+    frames_ns, ClassConfig, ClassStats, CLASS_BORROWING, CLASS_QUIET, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, DSCP_OVER,
+    DSCP_SET, ISOLATE_FLOW, ISOLATE_HOST, ISOLATE_NONE,
 };
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -184,7 +184,8 @@ pub(super) fn class_config(class: &Class, rate: Rate, share: u64, mode: Mode) ->
     let slack = if target == 0 { frames_ns(8, share_bytes).max(2_000_000) } else { target };
     ClassConfig {
         rate_bytes: rate.bytes_per_sec(),
-        rate_byte_ns: byte_ns(rate.bytes_per_sec()),
+        // Worked out from the rates by `Datapath::set_class`, which every class goes through.
+        rate_byte_ns: 0,
         horizon_ns: horizon_ns(class.horizon),
         burst_ns: frames_ns(1, rate.bytes_per_sec()),
         codel_target_ns: target,
@@ -196,7 +197,7 @@ pub(super) fn class_config(class: &Class, rate: Rate, share: u64, mode: Mode) ->
             Mode::Quiet => CLASS_QUIET,
         },
         share_bytes,
-        share_byte_ns: byte_ns(share_bytes),
+        share_byte_ns: 0,
         share_horizon_ns: (horizon_ns(class.horizon) / 2).max(slack * 4),
         share_slack_ns: slack,
         // Two frames at the share: hosts sending a third of it or more contend for it.
