@@ -5,8 +5,8 @@
 //! bans, sources and advisories; see [`crate::deps`]), host tests (unit tests and kernel tests on
 //! the host kernel; need root), bench (`cargo xtask bench --short`: fails if a cost ratio
 //! regresses past its bound), VM tests (the `vm` test of `shaper-tests`, built on the host and
-//! run in the VM, whose kernel has `sch_fq`): the whole suite on Debian's 6.1, where shaperd
-//! attaches under clsact, then [`TCX_VM_TESTS`] on Debian's 6.12, where it attaches a TCX link.
+//! run in the VM, whose kernel has `sch_fq`): [`TCX_VM_TESTS`] on Debian's 6.12, where shaperd
+//! attaches a TCX link, then the whole suite on Debian's 6.1, where it attaches under clsact.
 //! Ends with a table of stages, the checks that could not run, and a line `N passed, M failed`;
 //! exits non-zero if any stage failed.
 
@@ -51,7 +51,7 @@ const TCX_VM_TESTS: &[&str] = &[
 /// Options of `cargo xtask test`.
 #[derive(Args, Debug)]
 pub struct TestArgs {
-    /// Kill the VM running the VM tests after this many seconds (each VM: 6.1, then 6.12).
+    /// Kill the VM running the VM tests after this many seconds (each VM: 6.12, then 6.1).
     #[arg(long, default_value_t = 3600)]
     pub vm_timeout: u64,
     /// Minutes the whole run may take: failed VM tests are run again only if that still
@@ -81,7 +81,7 @@ struct Stage {
 pub fn run(args: &TestArgs) -> ExitCode {
     let vm_timeout = Duration::from_secs(args.vm_timeout);
     let deadline = Instant::now() + Duration::from_secs(args.minutes * 60);
-    let before_tcx = deadline.checked_sub(TCX_STAGE).unwrap_or(deadline);
+    let before_6_1 = deadline.checked_sub(SUITE_6_1).unwrap_or(deadline);
     let plan: Vec<(&'static str, StageFn)> = vec![
         ("setup", complete(setup::ensure_all)),
         ("fmt", complete(lint::fmt)),
@@ -89,9 +89,10 @@ pub fn run(args: &TestArgs) -> ExitCode {
         ("dependencies", Box::new(deps::check)),
         ("host tests", complete(host_tests)),
         ("bench", complete(|| bench::run(&bench::BenchArgs { short: true, forwarding: false }))),
-        // The 6.1 suite's reruns leave the 6.12 stage its time (`TCX_STAGE`).
-        ("vm tests", Box::new(move || vm_suite(KernelLine::V6_1, &[], vm_timeout, before_tcx))),
-        ("vm tests (6.12, TCX)", Box::new(move || vm_suite(KernelLine::V6_12, TCX_VM_TESTS, vm_timeout, deadline))),
+        // The short 6.12 stage first: its reruns leave the 6.1 suite its time
+        // (`SUITE_6_1`), and the 6.1 suite's reruns then have all the time that is left.
+        ("vm tests (6.12, TCX)", Box::new(move || vm_suite(KernelLine::V6_12, TCX_VM_TESTS, vm_timeout, before_6_1))),
+        ("vm tests", Box::new(move || vm_suite(KernelLine::V6_1, &[], vm_timeout, deadline))),
     ];
     if let Some(unknown) = args.only.iter().find(|only| !plan.iter().any(|(name, _)| name == only)) {
         let names: Vec<&str> = plan.iter().map(|(name, _)| *name).collect();
@@ -220,17 +221,35 @@ pub fn vm_tests(line: KernelLine, only: &[&str], timeout: Duration) -> anyhow::R
 /// More failures than that are not the emulator's noise.
 const RERUN_AT_MOST: usize = 10;
 
-/// What a rerun is reckoned to take: the VM's boot, and each test (the suite's took 30-230 s
+/// What a rerun is reckoned to take: the VM's boot, and each test the time it took in the
+/// run that failed, and a tenth more (a test fails at its end, when its figures are in). A
+/// test whose time is unknown is reckoned at [`RERUN_PER_TEST`] (the suite's took 30-230 s
 /// under TCG with their topologies and daemons, 81 s on average, in one run on a slow host).
 /// The rerun's VM is stopped at the deadline should it take longer; a failed test fails the
 /// stage either way, so a rerun risks nothing but the time it is given.
 const RERUN_BOOT: Duration = Duration::from_secs(45);
 const RERUN_PER_TEST: Duration = Duration::from_secs(120);
 
-/// What the 6.12 stage is reckoned to take: its eight tests took 461 s on the machine of
-/// 2026-11-28, and CI's VM tests run up to 1.3 times as long; then the VM's boot. (The ten it
-/// ran before took 577 s there and 742 s in one CI run.)
-const TCX_STAGE: Duration = Duration::from_secs(720);
+/// What the 6.1 suite's first run is reckoned to take: 3,218 s in CI's run of 2026-11-28
+/// (its 39 tests), and a margin. The 6.12 stage before it reruns its failures only if that
+/// leaves this much.
+const SUITE_6_1: Duration = Duration::from_secs(3_500);
+
+/// The time a rerun of `failed` is reckoned to take (see [`RERUN_BOOT`]), from the times
+/// the tests took in the first run.
+fn rerun_time(failed: &[String], times: &[(String, Duration)]) -> Duration {
+    failed.iter().fold(RERUN_BOOT, |sum, test| {
+        let took = times.iter().find(|(name, _)| name == test).map_or(RERUN_PER_TEST, |(_, t)| *t + *t / 10);
+        sum + took
+    })
+}
+
+/// The `n` tests of a run that took longest, for the log: `name 123 s, ...`.
+fn slowest(times: &[(String, Duration)], n: usize) -> String {
+    let mut sorted: Vec<&(String, Duration)> = times.iter().collect();
+    sorted.sort_by_key(|(_, t)| std::cmp::Reverse(*t));
+    sorted.iter().take(n).map(|(name, t)| format!("{name} {} s", t.as_secs())).collect::<Vec<_>>().join(", ")
+}
 
 /// A stage of VM tests, as [`vm_tests`], except that if at most [`RERUN_AT_MOST`] tests failed
 /// they are run once more in a new VM, if that can end before `deadline`. TCG's guest runs on
@@ -240,6 +259,16 @@ const TCX_STAGE: Duration = Duration::from_secs(720);
 /// the stage partial.
 fn vm_suite(line: KernelLine, only: &[&str], timeout: Duration, deadline: Instant) -> anyhow::Result<NotChecked> {
     let run = run_vm_tests(line, only, timeout)?;
+    if !run.test_times.is_empty() {
+        let total: Duration = run.test_times.iter().map(|(_, t)| *t).sum();
+        println!(
+            "vm tests: {} tests on {} in {} s; the longest: {}",
+            run.test_times.len(),
+            line.name(),
+            total.as_secs(),
+            slowest(&run.test_times, 8)
+        );
+    }
     if run.exit_code == 0 {
         return check_vm_run(line, only, &run).map(|()| NotChecked::new());
     }
@@ -248,7 +277,7 @@ fn vm_suite(line: KernelLine, only: &[&str], timeout: Duration, deadline: Instan
     if failed.is_empty() || failed.len() > RERUN_AT_MOST {
         return Err(first);
     }
-    let needs = RERUN_BOOT + RERUN_PER_TEST * u32::try_from(failed.len()).unwrap_or(u32::MAX);
+    let needs = rerun_time(&failed, &run.test_times);
     let left = deadline.saturating_duration_since(Instant::now());
     if needs > left {
         return Err(first.context(format!(
@@ -281,6 +310,8 @@ fn vm_suite(line: KernelLine, only: &[&str], timeout: Duration, deadline: Instan
 struct VmTestRun {
     exit_code: i32,
     output: String,
+    /// Each test and its time (see [`vm::VmRun::test_times`]).
+    test_times: Vec<(String, Duration)>,
 }
 
 fn run_vm_tests(line: KernelLine, only: &[&str], timeout: Duration) -> anyhow::Result<VmTestRun> {
@@ -324,7 +355,7 @@ fn run_vm_tests(line: KernelLine, only: &[&str], timeout: Duration) -> anyhow::R
     println!("vm tests: running {} in the VM ({}, {})", exe.display(), line.name(), line.attach_mode());
     let run = vm::run_in_vm_live_on(line, &script, &rwdir, timeout)?;
     println!("vm tests: exit code {}", run.exit_code);
-    Ok(VmTestRun { exit_code: run.exit_code, output: run.output })
+    Ok(VmTestRun { exit_code: run.exit_code, output: run.output, test_times: run.test_times })
 }
 
 /// Checks a VM test run passed: exit code 0 and as many tests passed as were named in `only`
@@ -504,7 +535,21 @@ fn missing_target_explanation(stderr: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{failed_tests, missing_target_explanation, panic_messages, passed_count};
+    use std::time::Duration;
+
+    use super::{
+        failed_tests, missing_target_explanation, panic_messages, passed_count, rerun_time, slowest, RERUN_BOOT,
+        RERUN_PER_TEST,
+    };
+
+    #[test]
+    fn a_rerun_is_reckoned_from_the_times_of_the_first_run() {
+        let s = Duration::from_secs;
+        let times = vec![("a".to_owned(), s(100)), ("b".to_owned(), s(30)), ("c".to_owned(), s(200))];
+        assert_eq!(rerun_time(&["a".to_owned(), "b".to_owned()], &times), RERUN_BOOT + s(110) + s(33));
+        assert_eq!(rerun_time(&["gone".to_owned()], &times), RERUN_BOOT + RERUN_PER_TEST, "no time: the default");
+        assert_eq!(slowest(&times, 2), "c 200 s, a 100 s");
+    }
 
     #[test]
     fn summary_lines() {

@@ -104,6 +104,9 @@ pub struct VmRun {
     pub exit_code: i32,
     /// The script's stdout and stderr, interleaved as written.
     pub output: String,
+    /// Of a run shown live: each libtest test it started (its line `test NAME ... ` came),
+    /// in order, with the time until the next one started or the run ended.
+    pub test_times: Vec<(String, Duration)>,
 }
 
 /// The VM kernel, ready to boot.
@@ -500,7 +503,7 @@ fn boot_and_run(
     let shown = util::display_command(&cmd);
     let mut child = cmd.spawn().with_context(|| format!("cannot start `{shown}`"))?;
     let started = Instant::now();
-    let mut echo = live.then(|| LiveEcho::new(files.output.clone()));
+    let mut echo = live.then(|| LiveEcho::new(files.output.clone(), started));
     let status = loop {
         if let Some(echo) = echo.as_mut() {
             echo.pump();
@@ -542,7 +545,8 @@ fn boot_and_run(
     };
     let exit_code =
         code.trim().parse().with_context(|| format!("bad exit code {code:?} in {}", files.exit_code.display()))?;
-    Ok(Booted::Ran(VmRun { exit_code, output }))
+    let test_times = echo.map(LiveEcho::test_times).unwrap_or_default();
+    Ok(Booted::Ran(VmRun { exit_code, output, test_times }))
 }
 
 /// The guest-side wrapper: runs the script from the workspace root and records its output and
@@ -589,11 +593,17 @@ fn vng_path(vng: &Path) -> std::ffi::OsString {
 struct LiveEcho {
     path: PathBuf,
     offset: u64,
+    started: Instant,
+    /// The line being written, as far as it came, and whether it started a test.
+    line: Vec<u8>,
+    line_seen: bool,
+    /// Each test's name and the time its line came, since `started`.
+    test_starts: Vec<(String, Duration)>,
 }
 
 impl LiveEcho {
-    fn new(path: PathBuf) -> Self {
-        Self { path, offset: 0 }
+    fn new(path: PathBuf, started: Instant) -> Self {
+        Self { path, offset: 0, started, line: Vec::new(), line_seen: false, test_starts: Vec::new() }
     }
 
     fn pump(&mut self) {
@@ -609,7 +619,37 @@ impl LiveEcho {
             let mut stdout = std::io::stdout().lock();
             let _ = stdout.write_all(&buf);
             let _ = stdout.flush();
+            self.note_tests(&buf);
         }
+    }
+
+    /// Notes the tests whose line `test NAME ... ` is in `bytes` (the next bytes of the
+    /// output), when the line's start comes: with `--nocapture` a test's own output follows
+    /// on the same line, and its `ok` only after it.
+    fn note_tests(&mut self, bytes: &[u8]) {
+        let now = self.started.elapsed();
+        for (i, part) in bytes.split(|&b| b == b'\n').enumerate() {
+            if i > 0 {
+                self.line.clear();
+                self.line_seen = false;
+            }
+            if self.line_seen {
+                continue;
+            }
+            self.line.extend_from_slice(part);
+            let line = String::from_utf8_lossy(&self.line);
+            if let Some((name, _)) = line.strip_prefix("test ").and_then(|rest| rest.split_once(" ... ")) {
+                self.test_starts.push((name.to_owned(), now));
+                self.line_seen = true;
+            }
+        }
+    }
+
+    /// Each test's time: until the next test started, or until now for the last.
+    fn test_times(self) -> Vec<(String, Duration)> {
+        let end = self.started.elapsed();
+        let nexts: Vec<Duration> = self.test_starts.iter().skip(1).map(|(_, at)| *at).chain([end]).collect();
+        self.test_starts.into_iter().zip(nexts).map(|((name, at), next)| (name, next.saturating_sub(at))).collect()
     }
 }
 
@@ -625,7 +665,27 @@ fn tail(text: &str, lines: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_kernel_dependency, tail, KernelLine};
+    use std::time::Instant;
+
+    use super::{parse_kernel_dependency, tail, KernelLine, LiveEcho};
+
+    #[test]
+    fn tests_are_noted_when_their_line_starts() {
+        let mut echo = LiveEcho::new("unused".into(), Instant::now());
+        // A test's line cut between two reads, its own output on the same line, and a
+        // test that printed nothing; libtest's summary is no test.
+        echo.note_tests(b"running 2 tests\ntest isolation::a_u");
+        assert!(echo.test_starts.is_empty(), "no test before its line has ` ... `");
+        echo.note_tests(b"dp_flood ...   shaper's house class: test b ... \nmore\nok\ntest quiet ... ok\n");
+        echo.note_tests(b"\ntest result: ok. 2 passed; 0 failed\n");
+        let names: Vec<&str> = echo.test_starts.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names, ["isolation::a_udp_flood", "quiet"]);
+        let started = echo.started;
+        let times = echo.test_times();
+        let names: Vec<&str> = times.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names, ["isolation::a_udp_flood", "quiet"]);
+        assert!(times.iter().map(|(_, t)| *t).sum::<std::time::Duration>() <= started.elapsed(), "each until the next");
+    }
 
     #[test]
     fn kernel_dependency() {
