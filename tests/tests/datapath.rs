@@ -292,7 +292,11 @@ fn hosts_over_their_share_get_the_congestion_signals() {
             share_bytes: 500_000,
             share_horizon_ns: 30_000_000,
             share_slack_ns: 3_000_000,
-            share_near_ns: 4_000_000,
+            // A host is near its share while its clock is at most this far behind now. The
+            // light host's two packets are a 3 ms sleep apart; with 4 ms here it once counted
+            // as light, its second packet more than 6 ms after its first (the sleep overran
+            // on a busy machine). 20 ms leaves a sleep that overruns room.
+            share_near_ns: 20_000_000,
             ..ClassConfig::default()
         },
     )
