@@ -196,6 +196,14 @@ impl Mix {
     fn new(hosts: u32, spread: Spread, packets: usize) -> Self {
         Self { flows: (0..MIX_FLOWS).map(|i| flow(i, hosts)).collect(), order: sequence(spread, packets, 7) }
     }
+
+    /// The same mix, its packets folded onto its first `flows` flows: few enough that their
+    /// lines of the flow cache stay in the CPU's caches from one of their packets to the next.
+    fn folded(hosts: u32, spread: Spread, packets: usize, flows: u32) -> Self {
+        let mut mix = Self::new(hosts, spread, packets);
+        mix.order.iter_mut().for_each(|f| *f %= flows);
+        mix
+    }
 }
 
 /// Mean ns per packet of `program` over the mix's packets, each in a run of its own, and
@@ -226,6 +234,8 @@ struct MixRow<'a> {
     mix: &'a Mix,
     /// The goal and the CI bound (see `shaper_tests::bench::Row`).
     goal: Option<(f64, f64)>,
+    /// Said after its misses.
+    note: &'static str,
     samples: Vec<f64>,
     before: shaper_common::ClassStats,
 }
@@ -238,10 +248,30 @@ fn datapath_mix(report: &mut Report, short: bool) {
     let hundred_thousand_hosts = Mix::new(100_000, Spread::Zipf, packets);
     let thousand_hosts = Mix::new(1_000, Spread::Zipf, packets);
     let thousand_hosts_uniform = Mix::new(1_000, Spread::Uniform, packets);
-    let row = |name, dp, mix, goal| MixRow { name, dp, mix, goal, samples: Vec::new(), before: ClassStats::default() };
+    let warm_flows = Mix::folded(10_000, Spread::Zipf, packets, 500);
+    let row = |name, dp, mix, goal| MixRow {
+        name,
+        dp,
+        mix,
+        goal,
+        note: "",
+        samples: Vec::new(),
+        before: ClassStats::default(),
+    };
     let plain = ClassConfig::default();
     let mut rows = vec![
         row("10,000 host rules", datapath_with(&host_rules(10_000), plain), &ten_thousand_hosts, Some((4.0, 7.0))),
+        // What the program costs when its data is warm: the difference from the row above is
+        // what the many flows' memory costs.
+        MixRow {
+            note: "; the lines of its 500 flows stay warm",
+            ..row(
+                "10,000 host rules, the mix on 500 flows",
+                datapath_with(&host_rules(10_000), plain),
+                &warm_flows,
+                None,
+            )
+        },
         row("10 mixed rules (6 shapes)", datapath_with(&mixed_rules(), plain), &thousand_hosts, None),
         row(
             "10 mixed rules, isolation by host",
@@ -294,8 +324,8 @@ fn measure(rows: &mut [MixRow], pass: &aya::programs::SchedClassifier, baseline_
 fn push_rows(report: &mut Report, section: &str, rows: Vec<MixRow>, base: f64, note: &str) {
     for mut r in rows {
         let misses = misses_note(misses_since(&r.dp, &r.before));
-        let row =
-            Row::ratio(section, r.name, median(&mut r.samples), base, "ns/packet").note(format!("{misses}{note}"));
+        let row = Row::ratio(section, r.name, median(&mut r.samples), base, "ns/packet")
+            .note(format!("{misses}{}{note}", r.note));
         report.push(match r.goal {
             Some((goal, bound)) => row.goal(goal).bound(bound),
             None => row,
