@@ -274,8 +274,14 @@ fn vm_suite(line: KernelLine, only: &[&str], timeout: Duration, deadline: Instan
     }
     let failed = failed_tests(&run.output);
     let first = check_vm_run(line, only, &run).expect_err("a run that exited non-zero");
-    if failed.is_empty() || failed.len() > RERUN_AT_MOST {
+    if failed.is_empty() {
         return Err(first);
+    }
+    if failed.len() > RERUN_AT_MOST {
+        return Err(first.context(format!(
+            "not run again: {} tests failed, more than the {RERUN_AT_MOST} a rerun takes",
+            failed.len()
+        )));
     }
     let needs = rerun_time(&failed, &run.test_times);
     let left = deadline.saturating_duration_since(Instant::now());
