@@ -4,9 +4,10 @@
 //! its BPF target; see [`crate::lint`]), dependencies (unused ones, and cargo-deny's licences,
 //! bans, sources and advisories; see [`crate::deps`]), host tests (unit tests and kernel tests on
 //! the host kernel; need root), bench (`cargo xtask bench --short`: fails if a cost ratio
-//! regresses past its bound, in a run and in the one that measures again), VM tests (the `vm` test of `shaper-tests`, built on the host and
-//! run in the VM, whose kernel has `sch_fq`): [`TCX_VM_TESTS`] on Debian's 6.12, where shaperd
-//! attaches a TCX link, then the whole suite on Debian's 6.1, where it attaches under clsact.
+//! regresses past its bound, in a run and in the one that measures again), VM tests (the `vm`
+//! test of `shaper-tests`, built on the host and run in the VM, whose kernel has `sch_fq`):
+//! [`TCX_VM_TESTS`] on Debian's 6.12, where shaperd attaches a TCX link, then the whole suite
+//! on Debian's 6.1, where it attaches under clsact.
 //! Ends with a table of stages, the checks that could not run, and a line `N passed, M failed`;
 //! exits non-zero if any stage failed.
 
