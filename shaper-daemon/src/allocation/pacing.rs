@@ -52,7 +52,7 @@ use std::collections::VecDeque;
 
 use super::{
     demand::{mul_div, percent_over, Divisor, Estimate, FRAME_BITS, HEADROOM_FLOOR, HEADROOM_PERCENT},
-    tree::{Packed, Tree},
+    tree::{Packed, Scratch, Tree},
 };
 
 /// A class that is not limited is quiet while it wants at most `1/QUIET_DIVISOR` of its wake
@@ -153,6 +153,8 @@ pub struct Pacer {
     /// Scratch for each tick's demands and queues, kept for the next tick.
     demand: Vec<u64>,
     backlog: Vec<u64>,
+    /// The wake rates' buffers, kept from one to the next.
+    scratch: Scratch,
 }
 
 impl Pacer {
@@ -260,7 +262,7 @@ impl Pacer {
             if i == 0 || !tree.is_leaf(i) || leaves[i].limited {
                 continue;
             }
-            let (wake, cost) = tree.allocate_one_at(&self.packed, i, wants, &self.parents);
+            let (wake, cost) = tree.allocate_one_at(&self.packed, i, wants, &self.parents, &mut self.scratch);
             self.wake[i] = wake;
             visits += cost;
         }

@@ -180,13 +180,26 @@ impl Tree {
     /// the node visits it took (counted as [`Self::allocate`]'s: one per node given a share).
     #[must_use]
     pub fn allocate_one(&self, leaf: usize, wants: &[u64], parents: &[usize]) -> (u64, usize) {
-        self.allocate_one_at(&self.packed(), leaf, wants, parents)
+        self.allocate_one_at(&self.packed(), leaf, wants, parents, &mut Scratch::default())
     }
 
-    /// [`Self::allocate_one`], with `p` this tree's [`Self::packed`].
+    /// [`Self::allocate_one`], with `p` this tree's [`Self::packed`], and `s` buffers to
+    /// reuse: a tick computes a score of these, and their buffers, made anew for each and
+    /// grown as they filled, were a twentieth of a tick at 10,000 classes (`malloc`, `realloc`
+    /// and `free` under `Pacer::refresh_wake` in `perf`).
     #[must_use]
-    pub fn allocate_one_at(&self, p: &Packed, leaf: usize, wants: &[u64], parents: &[usize]) -> (u64, usize) {
-        let mut path = vec![leaf];
+    pub fn allocate_one_at(
+        &self,
+        p: &Packed,
+        leaf: usize,
+        wants: &[u64],
+        parents: &[usize],
+        s: &mut Scratch,
+    ) -> (u64, usize) {
+        let mut path = std::mem::take(&mut s.path);
+        let mut what_if = std::mem::take(&mut s.what_if);
+        path.clear();
+        path.push(leaf);
         let mut at = leaf;
         while at != 0 {
             at = parents[at];
@@ -194,7 +207,8 @@ impl Tree {
         }
         path.reverse();
         // The wants along the path, the leaf's first: all it can get, capped at each ceil.
-        let mut what_if = vec![0u64; path.len()];
+        what_if.clear();
+        what_if.resize(path.len(), 0);
         what_if[path.len() - 1] = p.ceil[leaf];
         // What child `c` of the path's node at depth `d` wants.
         let want = |what_if: &[u64], d: usize, c: usize| if c == path[d + 1] { what_if[d + 1] } else { wants[c] };
@@ -205,15 +219,15 @@ impl Tree {
             what_if[d] = raw.min(p.ceil[path[d]]);
         }
         let mut amount = what_if[0].min(self.link_cap());
-        let mut scratch = Scratch::default();
         for d in 0..path.len() - 1 {
             let n = &self.nodes[path[d]];
-            scratch.wants.clear();
-            scratch.wants.extend(n.children.iter().map(|&c| want(&what_if, d, c)));
-            self.split(p, path[d], amount, |c| p.rate[c], &mut scratch);
-            amount = n.children.iter().position(|&c| c == path[d + 1]).map_or(0, |k| scratch.split[k]);
+            s.wants.clear();
+            s.wants.extend(n.children.iter().map(|&c| want(&what_if, d, c)));
+            self.split(p, path[d], amount, |c| p.rate[c], s);
+            amount = n.children.iter().position(|&c| c == path[d + 1]).map_or(0, |k| s.split[k]);
             visits += n.children.len();
         }
+        (s.path, s.what_if) = (path, what_if);
         (amount, visits)
     }
 
@@ -379,9 +393,13 @@ impl Floors for SumFloors<'_> {
 }
 
 /// The buffers of [`Tree::split`], kept from one node to the next (a few allocations a
-/// node, at 10,000 classes, were a twentieth of an allocation).
-#[derive(Debug, Default)]
-struct Scratch {
+/// node, at 10,000 classes, were a twentieth of an allocation), and of
+/// [`Tree::allocate_one_at`], kept from one call to the next.
+#[derive(Debug, Clone, Default)]
+pub struct Scratch {
+    /// The path from the root to the leaf, and the wants along it.
+    path: Vec<usize>,
+    what_if: Vec<u64>,
     /// The children's wants, in order (the caller's input).
     wants: Vec<u64>,
     /// Their shares (the output).
