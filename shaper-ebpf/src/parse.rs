@@ -209,28 +209,20 @@ impl Linear {
         Ok(unsafe { core::ptr::read_unaligned(p.cast::<T>()) })
     }
 
-    /// Copies the `W` words at `off` to `dst` (the key, in the caller's frame, rather than a
-    /// buffer in the parser's), a word at a time: `copy_nonoverlapping` of bytes whose
-    /// alignment LLVM does not know is lowered to one-byte loads and stores on BPF (64 for an
-    /// IPv6 packet's addresses).
+    /// Copies `len` bytes at `off` to `dst` (the key, in the caller's frame, rather than a
+    /// buffer in the parser's).
     #[inline(always)]
-    fn load_words_into<const W: usize>(&self, off: usize, dst: &mut [u64; W]) -> Result<(), Malformed> {
-        let p = self.at(off, 8 * W)?.cast::<u64>();
-        for (i, word) in dst.iter_mut().enumerate() {
-            // SAFETY: `8 * W` bytes within the linear data (checked above).
-            *word = unsafe { core::ptr::read_unaligned(p.add(i)) };
-        }
+    fn load_into(&self, off: usize, dst: *mut u8, len: usize) -> Result<(), Malformed> {
+        let p = self.at(off, len)?;
+        // SAFETY: `len` bytes within the linear data (checked above); `dst` points to `len`
+        // writable bytes (callers pass fields of the key).
+        unsafe { core::ptr::copy_nonoverlapping(p, dst, len) };
         Ok(())
     }
 }
 
-// `parse_v6` reads both addresses with one load, as words; the Ethernet source address is
-// written as two words.
-const _: () = assert!(
-    core::mem::offset_of!(RuleKey, dst) == core::mem::offset_of!(RuleKey, src) + 16
-        && core::mem::offset_of!(RuleKey, src).is_multiple_of(8)
-        && core::mem::offset_of!(RuleKey, src_mac).is_multiple_of(8)
-);
+// `parse_v6` reads both addresses with one load.
+const _: () = assert!(core::mem::offset_of!(RuleKey, dst) == core::mem::offset_of!(RuleKey, src) + 16);
 
 /// [`parse`]'s work.
 #[inline(always)]
@@ -244,16 +236,7 @@ fn headers(src: &Linear, l3: bool, key: &mut RuleKey) -> Result<Parsed, Malforme
         }
     } else {
         let eth: [u8; ETH_HLEN] = src.load(0)?;
-        // As a 4-byte and a 2-byte word (a copy of the bytes is lowered to one-byte loads and
-        // stores, see `load_words_into`); the key's `src_mac` lies at a multiple of 8.
-        let mac_hi = u32::from_ne_bytes([eth[6], eth[7], eth[8], eth[9]]);
-        let mac_lo = u16::from_ne_bytes([eth[10], eth[11]]);
-        let mac = key.src_mac.as_mut_ptr();
-        // SAFETY: 6 bytes of the key; written as they were read.
-        unsafe {
-            core::ptr::write_unaligned(mac.cast::<u32>(), mac_hi);
-            core::ptr::write_unaligned(mac.add(4).cast::<u16>(), mac_lo);
-        }
+        key.src_mac.copy_from_slice(&eth[6..12]);
         let et = be16([eth[12], eth[13]]);
         let (off, et) = if et == ETH_P_8021Q || et == ETH_P_8021AD {
             (ETH_HLEN + VLAN_HLEN, be16(src.load(ETH_HLEN + 2)?))
@@ -320,9 +303,7 @@ fn parse_v6(src: &Linear, off: usize, key: &mut RuleKey) -> Result<Parsed, Malfo
     if h[0] >> 4 != 6 {
         return Err(Malformed);
     }
-    // SAFETY: `src` and `dst`, 32 bytes from an offset of the key that is a multiple of 8
-    // (asserted below), in a key aligned to 8.
-    src.load_words_into(off + 8, unsafe { &mut *key.src.as_mut_ptr().cast::<[u64; 4]>() })?;
+    src.load_into(off + 8, key.src.as_mut_ptr(), 32)?;
     let traffic_class = ((h[0] & 0x0f) << 4) | (h[1] >> 4);
     let (l3, ecn) = (off as u32, traffic_class & 0x3);
     // A payload length of 0 is a jumbogram's (RFC 2675) or BIG TCP's: the skb's length
