@@ -13,16 +13,7 @@ pub const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
 /// bpf-linker emit BTF from the debug info: the kernel takes a callback (`bpf_loop` in
 /// `shaper-ebpf/src/classify.rs`) only from a program whose functions BTF describes. The
 /// flags are separated by 0x1f, as `CARGO_ENCODED_RUSTFLAGS` wants.
-///
-/// `allows-misaligned-mem-access` (LLVM 22's BPF target; an older LLVM ignores it, with a
-/// warning) lets LLVM read a header field with one load wherever it lies: without it, every
-/// read of the packet that LLVM cannot prove aligned was split into single bytes (the
-/// parser read a TCP/IPv4 packet's headers in about 60 one-byte loads, shifted and or-ed
-/// together). The kernel takes unaligned reads of the packet and of map values on the
-/// architectures with efficient unaligned access (x86-64, arm64, armv7), and reads of the
-/// stack only at offsets their size divides, which the code keeps to (`same_origin` in
-/// `shaper-ebpf/src/main.rs`).
-pub const BPF_RUSTFLAGS: &str = "-Ctarget-cpu=v3\x1f-Ctarget-feature=+allows-misaligned-mem-access\x1f-Clink-arg=--btf";
+pub const BPF_RUSTFLAGS: &str = "-Ctarget-cpu=v3\x1f-Clink-arg=--btf";
 
 /// Whether the environment variable `key` is a setting by or for the outer cargo (the host
 /// build), which must not reach the cargo that builds the tc program.

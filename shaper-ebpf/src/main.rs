@@ -139,7 +139,7 @@ fn record_origin(ctx: &TcContext) {
     match ORIGINS.get_ptr_mut(&hash) {
         // The flow's later packets find their record as it is: no write, no LRU update.
         // SAFETY: a valid map value pointer; a plain read.
-        Some(old) if same_origin(unsafe { &*old }, key, p) => {}
+        Some(old) if same_origin(unsafe { &*old }, &origin) => {}
         // A flow whose hash another flow had (or NAT on the LAN side changed it): rewritten in
         // place. Two CPUs writing at once may mix two records, which the egress program's
         // check of the destination rejects.
@@ -151,20 +151,17 @@ fn record_origin(ctx: &TcContext) {
     }
 }
 
-/// Whether `a` records the flow of the packet whose key and ports are `key` and `p`, field
-/// by field: a comparison of two records as a whole would call `memcmp`, which BPF has not.
-/// Against the key rather than the record made of it: the record's `src_mac` lies at an
-/// offset that is not a multiple of 4, and the verifier takes a 4-byte read of the stack only
-/// at one.
+/// Whether two origins are the same flow (field by field: a comparison of the structs as a
+/// whole would call `memcmp`, which BPF has not).
 #[inline(always)]
-fn same_origin(a: &Origin, key: &RuleKey, p: &parse::Parsed) -> bool {
-    same16(&a.src, &key.src)
-        && same16(&a.dst, &key.dst)
-        && a.sport == p.sport()
-        && a.dport == p.dport()
-        && a.family == key.family
-        && a.proto == key.proto
-        && a.src_mac == key.src_mac
+fn same_origin(a: &Origin, b: &Origin) -> bool {
+    same16(&a.src, &b.src)
+        && same16(&a.dst, &b.dst)
+        && a.sport == b.sport
+        && a.dport == b.dport
+        && a.family == b.family
+        && a.proto == b.proto
+        && a.src_mac == b.src_mac
 }
 
 #[inline(always)]
