@@ -116,8 +116,7 @@ fn record_origin(ctx: &TcContext) {
     let Some(flags) = (unsafe { LAN_IFACES.get(&ifindex) }) else { return };
     let mut key = core::mem::MaybeUninit::<RuleKey>::uninit();
     let key = zero_in_place(&mut key);
-    let mut parsed = core::mem::MaybeUninit::uninit();
-    let Ok(p) = parse::parse(ctx, *flags & LAN_L3 != 0, key, &mut parsed) else { return };
+    let Ok(p) = parse::parse(ctx, *flags & LAN_L3 != 0, key) else { return };
     if key.family == 0 {
         return;
     }
@@ -247,16 +246,15 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     // SAFETY: as above.
     key.mark = unsafe { (*skb).mark };
     let set = classify::rule_set();
-    let mut parsed = core::mem::MaybeUninit::uninit();
-    let (rule_class, flow, hdr_len, ip) = match parse::parse(ctx, iface.flags & IFACE_L3 != 0, key, &mut parsed) {
-        Ok(p) => {
+    let (rule_class, flow, hdr_len, ip) = match parse::parse(ctx, iface.flags & IFACE_L3 != 0, key) {
+        Ok(mut p) => {
             if iface.flags & IFACE_NAT != 0 {
-                restore_origin(skb, key, p);
+                restore_origin(skb, key, &mut p);
             }
             // The flow cache first: the rules are searched for a flow's first packet (or
             // after the rules changed), not for each.
             let flow = Flow::find(key, p.sport(), p.dport(), set);
-            let rule_class = classify::flow_class(key, p, set.packed(), flow.class(set)) as u32;
+            let rule_class = classify::flow_class(key, &p, set.packed(), flow.class(set)) as u32;
             (rule_class, flow, p.hdr_len, IpEcn { family: key.family, l3: p.l3, ecn: p.ecn })
         }
         Err(parse::Malformed) => (NO_RULE, Flow::none(), 0, IpEcn { family: 0, l3: 0, ecn: 0 }),

@@ -116,18 +116,8 @@ fn be16(b: [u8; 2]) -> u16 {
 /// much of it linear. Reading through `bpf_skb_load_bytes` instead took 3 helper calls and
 /// copies of 14 to 40 bytes for a TCP/IPv4 packet, 35 of its 156 ns (one packet repeated)
 /// and 70 of 398 on a many-flow mix (`cargo xtask bench`).
-///
-/// The rest goes to `out`, the caller's, and comes back as a reference into it. Returned by
-/// value, the `Result` was copied into the caller's frame a byte at a time (19 one-byte
-/// loads and stores, the fields after the niche of `has_ports`), and the caller's word
-/// reads of those bytes could not be forwarded from the store buffer.
 #[inline(always)]
-pub fn parse<'a>(
-    ctx: &TcContext,
-    l3: bool,
-    key: &mut RuleKey,
-    out: &'a mut core::mem::MaybeUninit<Parsed>,
-) -> Result<&'a mut Parsed, Malformed> {
+pub fn parse(ctx: &TcContext, l3: bool, key: &mut RuleKey) -> Result<Parsed, Malformed> {
     let skb = ctx.skb.skb;
     // SAFETY: the context pointer is valid for the whole program run.
     let len = unsafe { (*skb).len };
@@ -137,9 +127,10 @@ pub fn parse<'a>(
         // the reads below fail where the linear data ends).
         unsafe { bpf_skb_pull_data(skb.cast(), want) };
     }
-    let parsed = crate::zero_in_place(out);
+    let mut parsed = core::mem::MaybeUninit::<Parsed>::uninit();
+    let parsed = crate::zero_in_place(&mut parsed);
     if parse_into(ctx, l3, key, parsed) {
-        Ok(parsed)
+        Ok(*parsed)
     } else {
         Err(Malformed)
     }
