@@ -1290,7 +1290,8 @@ fn ten_thousand_host_rules_among_the_new_kinds() {
 /// 1,000,000 instructions, past which it refuses the program (a rule kind or a branch more
 /// must not come close to it), and which is also most of shaperd's start: at most 30 % of
 /// it. On Linux 6.18: 356,854 before `shape` hid five values from the verifier
-/// (`unknown_to_verifier`), 213,688 after.
+/// (`unknown_to_verifier`), 213,688 after. The VM tests bound the walk on the kernels they
+/// boot (`tests/vm/verifier.rs`), whose verifiers walk the same program otherwise.
 #[test]
 fn the_egress_program_leaves_the_verifier_headroom() {
     const BOUND: u32 = 300_000;

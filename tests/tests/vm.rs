@@ -71,6 +71,8 @@ mod forwarding;
 mod multiqueue;
 #[path = "vm/seeds.rs"]
 mod seeds;
+#[path = "vm/verifier.rs"]
+mod verifier;
 
 fn topology(tag: &str, clients: &[&str]) -> Topology {
     Topology::new(tag, "lan0", "wan0", "10.1.0", clients)
