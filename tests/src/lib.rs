@@ -221,6 +221,37 @@ pub const TC_ACT_SHOT: u32 = 2;
 /// `BPF_PROG_TEST_RUN` runs tc programs on the loopback device.
 pub const LO: u32 = 1;
 
+/// The most instructions the verifier may walk of the egress program, on the host's kernel
+/// and on those the VM boots: well within the kernel's 1,000,000, past which it refuses the
+/// program (a rule kind or a branch more must not come close to it); the walk is also most
+/// of shaperd's start.
+pub const VERIFIER_WALK_BOUND: u32 = 300_000;
+
+/// Loads the datapath on the running kernel, prints how many instructions of the egress
+/// program its verifier walked and how long the load took, and fails if the kernel refused
+/// the program or walked more than [`VERIFIER_WALK_BOUND`].
+///
+/// # Panics
+/// In those two cases, or if the kernel does not report the walk (before Linux 5.16).
+pub fn assert_verifier_headroom() {
+    require_root();
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("/proc/sys/kernel/osrelease");
+    let release = release.trim();
+    let started = std::time::Instant::now();
+    let dp = Datapath::load().unwrap_or_else(|e| panic!("Linux {release} refused the datapath: {e:#}"));
+    let took = started.elapsed();
+    let walked = dp.verified_instructions().expect("the kernel reports the verified instructions (Linux 5.16+)");
+    println!(
+        "Linux {release}: egress program {walked} instructions verified (bound {VERIFIER_WALK_BOUND}, the kernel's \
+         limit 1,000,000); the datapath loaded in {:.1} s",
+        took.as_secs_f64()
+    );
+    assert!(
+        walked <= VERIFIER_WALK_BOUND,
+        "Linux {release}'s verifier walked {walked} instructions of the egress program, over {VERIFIER_WALK_BOUND}"
+    );
+}
+
 /// A freshly loaded datapath with `rules` compiled in and the loopback device shaped, its
 /// unmatched packets going to `default_class`; classes are unpaced until set.
 #[must_use]
