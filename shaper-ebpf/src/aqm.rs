@@ -64,8 +64,8 @@ fn control_law(interval: u64, count: u64) -> u64 {
 /// carry a congestion signal (see the datapath's isolation); a delay past half the class's
 /// horizon does not wait for the interval.
 ///
-/// In a frame of its own, as `edt::take_slot`'s core: the verifier then walks the caller's
-/// paths on from one return rather than from each of CoDel's (inlined, the overload test
+/// In a frame of its own: the verifier then walks the caller's paths on from one return
+/// rather than from each of CoDel's (inlined, the overload test
 /// took the walk on Debian 6.1 past 600,000 instructions: 604,529; in its frame, 588,486);
 /// five arguments at most.
 ///

@@ -252,9 +252,15 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
                 restore_origin(skb, key, &mut p);
             }
             // The flow cache first: the rules are searched for a flow's first packet (or
-            // after the rules changed), not for each.
+            // after the rules changed), not for each. A hit does not call the classifier:
+            // a call and its return cost about 8 ns (see `edt::take_slot_packed`).
             let flow = Flow::find(key, p.sport(), p.dport(), set);
-            let rule_class = classify::flow_class(key, &p, set.packed(), flow.class(set)) as u32;
+            let cached = flow.class(set);
+            let rule_class = if cached == flow::NOT_HELD {
+                classify::flow_class(key, &p, set.packed())
+            } else {
+                cached & 0xffff_ffff
+            } as u32;
             (rule_class, flow, p.hdr_len, IpEcn { family: key.family, l3: p.l3, ecn: p.ecn })
         }
         Err(parse::Malformed) => (NO_RULE, Flow::none(), 0, IpEcn { family: 0, l3: 0, ecn: 0 }),
@@ -311,9 +317,9 @@ struct Packet<'a> {
 
 /// Takes `cost` ns on the link clock at `clock`; returns when the bytes paced before will
 /// have left (`now` at the latest). A clock behind now restarts from now (one attempt; a
-/// lost race takes the slot after the winner's). Not inlined: a frame of its own keeps the
-/// verifier's walk of `shape` within bounds on older kernels.
-#[inline(never)]
+/// lost race takes the slot after the winner's). Inlined, as `edt::take_slot_packed`: every
+/// packet of an interface with a link rate takes its time here.
+#[inline(always)]
 fn link_take(clock: *mut u64, cost: u64, now: u64) -> u64 {
     // SAFETY: a pointer into an array map value (`LINKS`), which lives as long as the map.
     let last = unsafe { core::ptr::read_volatile(clock) };
@@ -335,7 +341,8 @@ fn link_take(clock: *mut u64, cost: u64, now: u64) -> u64 {
 /// later; the hold at `hold` moves to when it will have left (`cost` later), if that is
 /// later, but no further than [`HOLD_MAX_NS`] after `now`. Returns the packet's start. Two
 /// attempts: a lost race against another quiet packet leaves the later of the two, or one
-/// frame short. Not inlined, as `link_take`.
+/// frame short. Not inlined: a frame of its own keeps the verifier's walk of `shape` within
+/// bounds on older kernels, and only a quiet class's packets that wait for the link call it.
 #[inline(never)]
 fn hold_behind(hold: *mut u64, committed: u64, class_next: *mut u64, cost: u64, now: u64) -> u64 {
     // SAFETY: a pointer into an array map value (`CLASS_STATE`), valid for the program run.
@@ -354,7 +361,7 @@ fn hold_behind(hold: *mut u64, committed: u64, class_next: *mut u64, cost: u64, 
 }
 
 /// The start of a borrower's packet: `t0`, or the hold at `hold` if later. Not inlined, as
-/// `link_take`.
+/// `hold_behind`.
 #[inline(never)]
 fn after_hold(hold: *mut u64, t0: u64) -> u64 {
     // SAFETY: a pointer into an array map value (`LINKS`), which lives as long as the map.
@@ -717,7 +724,7 @@ fn remark(ctx: &TcContext, ip: IpEcn, config: &ClassConfig, in_profile: bool) {
 /// tolerance): whether a packet of `bytes` sent now is within the profile; if it is, it
 /// takes its time from the meter's clock. Plain reads and writes: two CPUs metering at once
 /// may lose one packet's cost, which lets one more packet through in profile. Not inlined,
-/// as `link_take`.
+/// as `hold_behind`: only quiet classes and those that mark beyond their guarantee call it.
 #[inline(never)]
 fn in_profile(state: *mut ClassState, now: u64, bytes: u64, rate: u64) -> bool {
     // SAFETY: `state` points into an array map value (`CLASS_STATE`); no reference is created.
@@ -968,7 +975,7 @@ fn sparse(state: *mut ClassState, last: u64, now: u64, cost: u64, byte_ns: u64, 
 
 /// Whether a quiet class's packet may leave at its own time rather than behind the link
 /// clock: its flow sends less than one packet per [`SPARSE_GAP_NS`] (its previous packet
-/// left at `last`), and the class's sparse budget has room. Not inlined, as `link_take`.
+/// left at `last`), and the class's sparse budget has room. Not inlined, as `hold_behind`.
 #[inline(never)]
 fn on_time(state: *mut ClassState, last: u64, now: u64, cost: u64) -> bool {
     last.saturating_add(SPARSE_GAP_NS) <= now && sparse_budget(state, now, cost)
