@@ -256,11 +256,8 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
             // a call and its return cost about 8 ns (see `edt::take_slot_packed`).
             let flow = Flow::find(key, p.sport(), p.dport(), set);
             let cached = flow.class(set);
-            let rule_class = if cached == flow::NOT_HELD {
-                classify::flow_class(key, &p, set.packed())
-            } else {
-                cached & 0xffff_ffff
-            } as u32;
+            let rule_class =
+                if cached == flow::NOT_HELD { classify::flow_class(key, &p, set.packed()) } else { cached } as u32;
             (rule_class, flow, p.hdr_len, IpEcn { family: key.family, l3: p.l3, ecn: p.ecn })
         }
         Err(parse::Malformed) => (NO_RULE, Flow::none(), 0, IpEcn { family: 0, l3: 0, ecn: 0 }),
