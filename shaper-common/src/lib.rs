@@ -281,7 +281,7 @@ pub fn delay_bucket(delay_ns: u64) -> usize {
 /// The version of the maps' layout (their key and value types and sizes). Pinned maps live in
 /// a directory named after it, so a shaperd whose maps differ never opens the pins of another:
 /// bump it whenever a map definition or a struct in this file changes.
-pub const MAP_LAYOUT_VERSION: u32 = 12;
+pub const MAP_LAYOUT_VERSION: u32 = 13;
 
 /// Map names, as they appear in the object file.
 pub mod maps {
@@ -808,6 +808,18 @@ pub struct HostState {
     pub next_ns: u64,
 }
 
+/// Where [`HostState::near_epoch`] and [`HostState::over_epoch`] are in the value's first
+/// 64-bit word (with the tag, little-endian), which the datapath sets with a
+/// compare-and-exchange: the CPU that sets the epoch counts the host, once however many send
+/// for it at once.
+pub const NEAR_EPOCH_SHIFT: u32 = 32;
+pub const OVER_EPOCH_SHIFT: u32 = 48;
+const _: () = assert!(
+    core::mem::offset_of!(HostState, near_epoch) * 8 == NEAR_EPOCH_SHIFT as usize
+        && core::mem::offset_of!(HostState, over_epoch) * 8 == OVER_EPOCH_SHIFT as usize
+        && core::mem::size_of::<HostState>() == 16
+);
+
 /// Per-class pacing and AQM state (`CLASS_STATE`, indexed by class id). Several CPUs update
 /// it at once; the datapath changes it only with atomic operations.
 #[repr(C)]
@@ -861,6 +873,10 @@ pub struct ClassStats {
     /// The generation (`Globals::active_gen`, with bit 32 set so that a zeroed value is none)
     /// in which this CPU last marked the class in `ACTIVE`: not a counter, and not summed.
     pub marked: u64,
+    /// The `HOSTS` slot (plus one) isolation charged for this CPU's last packet of the
+    /// class, which the datapath takes back if the class drops the packet: not a counter,
+    /// and not summed.
+    pub charged_host: u64,
     /// Packets that reached a class with no rate set (passed unpaced).
     pub unpaced_packets: u64,
     /// Packets sent (segments for GSO packets) by added delay, see [`delay_bucket`].
@@ -873,8 +889,9 @@ pub struct ClassStats {
     pub drop_aqm_packets: u64,
     pub drop_aqm_bytes: u64,
     /// Isolation: bytes from light hosts (well within their fair share); hosts counted once
-    /// per epoch, those near their share and those over it; packets and bytes dropped because
-    /// their host was over its share by more than the share horizon.
+    /// per epoch, those near their share and those over it (each of the three as two 32-bit
+    /// counters, see [`epoch_unit`]); packets and bytes dropped because their host was over
+    /// its share by more than the share horizon.
     pub share_under_bytes: u64,
     pub hosts_near: u64,
     pub hosts_over: u64,
@@ -882,7 +899,74 @@ pub struct ClassStats {
     pub drop_share_bytes: u64,
 }
 
+/// What the datapath adds to an isolation counter (`ClassStats::share_under_bytes`,
+/// `hosts_near`, `hosts_over`) for one unit counted in `epoch`: the low 32 bits count the even
+/// epochs, the high 32 bits the odd ones. shaperd starts an epoch at each tick and reads the
+/// counters after that; a host counted in the epoch that just ended, after the last read, and
+/// again in the new one, before this read, was in one tick's difference twice (a class's only
+/// host halved its own share, one tick in eight in a VM). Split by epoch, the half of the
+/// epoch that ended moved only in it since the read before the last. A low half that wraps
+/// carries one into the high half: one unit more, once every 2^32.
+#[expect(clippy::inline_always, reason = "called per packet in the tc program, which has no calls to spare")]
+#[inline(always)]
+#[must_use]
+pub const fn epoch_unit(epoch: u32) -> u64 {
+    1 << ((epoch & 1) * 32)
+}
+
+/// The isolation counters of the epochs of `epoch`'s parity (see [`epoch_unit`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EpochCounts {
+    pub share_under_bytes: u32,
+    pub hosts_near: u32,
+    pub hosts_over: u32,
+}
+
+impl EpochCounts {
+    /// What was counted between `earlier` and `self` (wrapping).
+    #[must_use]
+    pub const fn since(self, earlier: Self) -> Self {
+        Self {
+            share_under_bytes: self.share_under_bytes.wrapping_sub(earlier.share_under_bytes),
+            hosts_near: self.hosts_near.wrapping_sub(earlier.hosts_near),
+            hosts_over: self.hosts_over.wrapping_sub(earlier.hosts_over),
+        }
+    }
+}
+
+/// A class's isolation counters as the datapath keeps them (see [`epoch_unit`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IsolationCounters {
+    pub share_under_bytes: u64,
+    pub hosts_near: u64,
+    pub hosts_over: u64,
+}
+
+impl IsolationCounters {
+    /// The counters of the epochs of `epoch`'s parity.
+    #[must_use]
+    #[expect(clippy::cast_possible_truncation, reason = "the halves, as documented")]
+    pub const fn epoch(self, epoch: u32) -> EpochCounts {
+        let shift = (epoch & 1) * 32;
+        EpochCounts {
+            share_under_bytes: (self.share_under_bytes >> shift) as u32,
+            hosts_near: (self.hosts_near >> shift) as u32,
+            hosts_over: (self.hosts_over >> shift) as u32,
+        }
+    }
+}
+
 impl ClassStats {
+    /// The isolation counters.
+    #[must_use]
+    pub const fn isolation(&self) -> IsolationCounters {
+        IsolationCounters {
+            share_under_bytes: self.share_under_bytes,
+            hosts_near: self.hosts_near,
+            hosts_over: self.hosts_over,
+        }
+    }
+
     /// Sums per-CPU values.
     #[must_use]
     pub fn merge(mut self, o: &Self) -> Self {
@@ -952,7 +1036,7 @@ const _: () = assert!(core::mem::size_of::<RuleTarget>() == 8);
 const _: () = assert!(core::mem::size_of::<ClassConfig>() == 112);
 const _: () = assert!(core::mem::size_of::<HostState>() == 16);
 const _: () = assert!(core::mem::size_of::<ClassState>() == 64);
-const _: () = assert!(core::mem::size_of::<ClassStats>() == 152 + 8 * DELAY_BUCKETS);
+const _: () = assert!(core::mem::size_of::<ClassStats>() == 160 + 8 * DELAY_BUCKETS);
 
 /// `LAN_IFACES` value flags: the LAN-side interface has no link-layer header (as
 /// [`IFACE_L3`]).
@@ -1019,6 +1103,39 @@ mod tests {
     extern crate std;
     use super::*;
     use std::vec;
+
+    /// A host counted in an epoch after shaperd's read and again in the next before the next
+    /// read (each tick starts an epoch, then reads): the epoch that ended counts it once.
+    #[test]
+    fn the_ended_epoch_counts_each_host_once() {
+        let count = |stats: &mut ClassStats, epoch: u32, bytes: u64| {
+            stats.hosts_over += epoch_unit(epoch);
+            stats.share_under_bytes += bytes * epoch_unit(epoch);
+        };
+        let mut stats = ClassStats::default();
+        let mut reads = [IsolationCounters::default(); 2];
+        // Tick 1 starts epoch 7 and reads; the host is counted in 7 after the read, with 500
+        // light bytes before that, and (tick 2 starts epoch 8) in 8 before tick 2 reads.
+        count(&mut stats, 7, 500);
+        reads = [reads[1], stats.isolation()];
+        count(&mut stats, 7, 0);
+        count(&mut stats, 8, 0);
+        reads = [reads[1], stats.isolation()];
+        // Tick 3 starts epoch 9: epoch 8 counted it once, and it is in the 32 bits of the
+        // even epochs only.
+        count(&mut stats, 9, 0);
+        let ended = stats.isolation().epoch(8).since(reads[0].epoch(8));
+        assert_eq!(ended, EpochCounts { share_under_bytes: 0, hosts_near: 0, hosts_over: 1 });
+        assert_eq!(stats.isolation().epoch(7), EpochCounts { share_under_bytes: 500, hosts_near: 0, hosts_over: 3 });
+        // Tick 2's difference over the epochs of both parities (as before the split) counted
+        // it twice.
+        let both = |c: IsolationCounters| c.epoch(0).hosts_over + c.epoch(1).hosts_over;
+        assert_eq!(both(reads[1]) - both(reads[0]), 2);
+        // A half that wraps carries one into the other, and its own difference is right.
+        let before = IsolationCounters { share_under_bytes: u64::from(u32::MAX), ..IsolationCounters::default() };
+        let after = IsolationCounters { share_under_bytes: u64::from(u32::MAX) + 10, ..before };
+        assert_eq!(after.epoch(0).since(before.epoch(0)).share_under_bytes, 10);
+    }
 
     /// xorshift64*: made-up keys for the flow hash's tests.
     fn next(state: &mut u64) -> u64 {

@@ -1131,9 +1131,10 @@ impl Datapath {
     /// [`ActiveClasses`]) and clears their bits; then starts, in one write of `GLOBALS`, the
     /// next generation of marks (each CPU marks a class again with its first packet there)
     /// and the next epoch (the datapath counts each host of a class once per epoch:
-    /// `ClassStats::hosts_near`, `hosts_over`). A class whose only packets came between the
-    /// read and the new generation is not marked again until it sends in the new one.
-    pub fn start_tick(&mut self) -> Result<ActiveClasses, BpfError> {
+    /// `ClassStats::hosts_near`, `hosts_over`), and returns the epoch that ended. A class whose
+    /// only packets came between the read and the new generation is not marked again until it
+    /// sends in the new one.
+    pub fn start_tick(&mut self) -> Result<TickStart, BpfError> {
         let active = self.active.get(&0, 0).map_err(map_err(maps::ACTIVE, "reading the active classes"))?;
         self.active
             .set(0, ActiveClasses::default(), 0)
@@ -1141,9 +1142,10 @@ impl Datapath {
         let mut globals =
             self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the generation and the epoch"))?;
         globals.active_gen = globals.active_gen.wrapping_add(1);
+        let ended_epoch = globals.epoch;
         globals.epoch = globals.epoch.wrapping_add(1);
         self.globals.set(0, globals, 0).map_err(map_err(maps::GLOBALS, "starting a generation and an epoch"))?;
-        Ok(active)
+        Ok(TickStart { active, ended_epoch })
     }
 
     /// A class's counters, summed over CPUs.
@@ -1152,6 +1154,15 @@ impl Datapath {
             self.class_stats.get(&class, 0).map_err(map_err(maps::CLASS_STATS, format!("reading class {class}")))?;
         Ok(per_cpu.iter().fold(ClassStats::default(), ClassStats::merge))
     }
+}
+
+/// What [`Datapath::start_tick`] found.
+#[derive(Clone, Copy, Debug)]
+pub struct TickStart {
+    /// The classes that counted a packet since the last tick.
+    pub active: ActiveClasses,
+    /// The epoch that ended: its isolation counters (`ClassStats::epoch_counts`) are complete.
+    pub ended_epoch: u32,
 }
 
 impl Drop for Datapath {

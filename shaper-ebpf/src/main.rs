@@ -33,8 +33,8 @@ use shaper_common::{
     IfaceConfig, IfaceSlot, LinkState, Origin, RuleKey, RuleTarget, Tuple, ACTIVE_WORDS, CLASS_BORROWING, CLASS_QUIET,
     DSCP_OVER, DSCP_SET, FILTER_WORDS, FULL_FRAME, HOLD_MAX_NS, HOST_SETS, HOST_SLOTS, HOST_WAYS, IFACE_DOWNLOAD,
     IFACE_L3, IFACE_NAT, ISOLATE_FLOW, ISOLATE_NONE, LAN_L3, MAX_CLASSES, MAX_IFB_TARGETS, MAX_INTERFACES,
-    MAX_RULE_ENTRIES, MAX_TUPLES, NO_RULE, ORIGIN_SLOTS, PORT_SLOTS, PROFILE_BURST_FRAMES, RULE_BANKS,
-    SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
+    MAX_RULE_ENTRIES, MAX_TUPLES, NEAR_EPOCH_SHIFT, NO_RULE, ORIGIN_SLOTS, OVER_EPOCH_SHIFT, PORT_SLOTS,
+    PROFILE_BURST_FRAMES, RULE_BANKS, SPARSE_MAX_QUEUE_FRAMES, SPARSE_SHARE,
 };
 
 #[map]
@@ -644,6 +644,7 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
     // SAFETY: `state` points into an array map value that lives as long as the map.
     let edt::Verdict::Send { depart, idle } = (unsafe { edt::take_slot(next, cost, start, now, config) }) else {
         link.give_back();
+        refund_host(stats, bytes, config);
         return horizon_drop(stats, bytes, segs);
     };
     // Idle by its own clock: a quiet class held back by the link only waits for its turn (a
@@ -783,6 +784,31 @@ enum Share {
     Drop,
 }
 
+/// Takes the cost of a packet its class dropped at the horizon back off the clock of the
+/// host [`share`] charged for it (`ClassStats::charged_host`): a host pays for what its class
+/// had room for. Otherwise each such drop ran its clock ahead of its class's for good: a
+/// class's only host, its GSO packets dropped at a 1.9 mbit/s class's horizon (270 ms each),
+/// was soon dropped at the share horizon while its class's queue was well within it. A packet
+/// CoDel drops stays charged, as a marked one does: a congestion signal its host was given,
+/// and a host that ignores them (a flood) so stays ahead, and is dropped at the share horizon
+/// (refunded too, a UDP flood got 5.23-5.25 mbit/s of a class against a TCP host's 4.75-4.78,
+/// and 4.96-4.99 charged, in one VM boot). Another host may have taken the slot since: it
+/// then gets a packet's time back, as a host whose two CPUs update its clock at once may
+/// lose one.
+#[inline(always)]
+fn refund_host(stats: &ClassStats, bytes: u64, config: &ClassConfig) {
+    let charged = stats.charged_host;
+    if charged == 0 || config.isolation == ISOLATE_NONE || config.share_bytes == 0 {
+        return;
+    }
+    let Some(st) = HOSTS.get_ptr_mut((charged - 1) as u32) else { return };
+    // SAFETY: a valid map value pointer (an array's, never freed); a plain read and write.
+    unsafe {
+        let cost = pace_ns(bytes, config.share_byte_ns);
+        (*st).next_ns = (*st).next_ns.saturating_sub(cost);
+    }
+}
+
 /// What [`share`] is told of a packet besides its host.
 struct ShareOf {
     class: u32,
@@ -828,7 +854,9 @@ fn share(config: &ClassConfig, host: &[u64; 2], of: &ShareOf, stats: &mut ClassS
     let h = host_hash(u64::from(class) | (u64::from(config.isolation) << 32), a, b);
     let base = ((h as u32) & (HOST_SETS - 1)) * HOST_WAYS;
     let tag = ((h >> 32) as u32) | 1;
-    let epoch = classify::rule_set().epoch as u16;
+    let epoch32 = classify::rule_set().epoch;
+    let epoch = epoch32 as u16;
+    let unit = shaper_common::epoch_unit(epoch32);
     // The way that holds the host, or the one idle longest. Found by index and looked up
     // again (an array lookup is a few instructions): a pointer to one of four ways makes the
     // verifier walk what follows four times.
@@ -866,23 +894,35 @@ fn share(config: &ClassConfig, host: &[u64; 2], of: &ShareOf, stats: &mut ClassS
         return Share::Drop;
     }
     st.next_ns = start + pace_ns(bytes, config.share_byte_ns);
+    stats.charged_host = u64::from(slot) + 1;
     // Each host counts once an epoch, over its share or near it, whichever it was first:
     // counted twice, a lone greedy host would halve its own share. Its bytes count as light
-    // only while it was not counted (a contending host's bytes came off its own share).
-    let counted = st.over_epoch == epoch || st.near_epoch == epoch;
+    // only while it was not counted (a contending host's bytes came off its own share). The
+    // CPU whose compare-and-exchange sets the epoch counts it: a host's packets pass two CPUs
+    // at once (a TCP sender's own and the one its ACKs arrive on), and with plain writes a
+    // class's only host was counted twice in an epoch now and then, in a VM.
+    let marks_at = (st as *mut HostState).cast::<u64>();
+    // SAFETY: the value's first word (tag and epochs), 8-byte aligned in the array's value.
+    let marks = unsafe { core::ptr::read_volatile(marks_at) };
+    let counted = (marks >> NEAR_EPOCH_SHIFT) as u16 == epoch || (marks >> OVER_EPOCH_SHIFT) as u16 == epoch;
+    let count_at = |shift: u32| {
+        let set = (marks & !(0xffff << shift)) | (u64::from(epoch) << shift);
+        // SAFETY: as above.
+        unsafe { edt::cas(marks_at, marks, set) }
+    };
     if ahead > config.share_slack_ns {
-        if !counted {
-            st.over_epoch = epoch;
-            stats.hosts_over += 1;
+        if !counted && count_at(OVER_EPOCH_SHIFT) {
+            stats.hosts_over += unit;
         }
         Share::Over
     } else {
         if !counted {
             if near {
-                st.near_epoch = epoch;
-                stats.hosts_near += 1;
+                if count_at(NEAR_EPOCH_SHIFT) {
+                    stats.hosts_near += unit;
+                }
             } else {
-                stats.share_under_bytes += bytes;
+                stats.share_under_bytes += bytes * unit;
             }
         }
         Share::Within

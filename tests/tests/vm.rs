@@ -540,6 +540,20 @@ fn seed_000_table(proto: Proto) {
     let _daemon = topo.shaperd(ROOMMATES);
     let measured = run_rows(&topo, &rows, proto, 6000);
     let failures = check_rows(&rows, &measured, Some(&htb), &format!("shaper, {proto:?} (measured (expected) mbit/s)"));
+    // What each class's host lost, and why (a class's only host is dropped for its share only
+    // when its class's queue passes half the horizon: a TCP slow start, a flood).
+    let status = topo.status();
+    println!("  drops by cause over the table (packets):");
+    for c in status["classes"].as_array().unwrap() {
+        println!(
+            "    {:<8} horizon {:>5}  aqm {:>5}  share {:>5}  ecn marks {:>6}",
+            c["name"].as_str().unwrap(),
+            c["drops_horizon"],
+            c["drops_aqm"],
+            c["drops_share"],
+            c["ecn_marks"]
+        );
+    }
     assert!(failures.is_empty(), "{failures:#?}");
 }
 

@@ -11,8 +11,8 @@ use std::{
 
 use nix::time::{clock_gettime, ClockId};
 use shaper_common::{
-    frames_ns, ClassConfig, ClassStats, CLASS_BORROWING, CLASS_QUIET, DELAY_BUCKETS, DELAY_BUCKET_BASE_NS, DSCP_OVER,
-    DSCP_SET, ISOLATE_FLOW, ISOLATE_HOST, ISOLATE_NONE,
+    frames_ns, ClassConfig, ClassStats, IsolationCounters, CLASS_BORROWING, CLASS_QUIET, DELAY_BUCKETS,
+    DELAY_BUCKET_BASE_NS, DSCP_OVER, DSCP_SET, ISOLATE_FLOW, ISOLATE_HOST, ISOLATE_NONE,
 };
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -25,7 +25,7 @@ use crate::{
         tree::Tree,
     },
     api::{ApiError, ClassStatus, Status},
-    bpf::{BpfError, Datapath},
+    bpf::{BpfError, Datapath, TickStart},
     config::{diff::describe_changes, Class, Config, Isolation},
     rate::Rate,
 };
@@ -58,9 +58,10 @@ pub(super) struct ClassEntry {
     pub(super) mode: Mode,
     /// Isolation: one host's fair share of the class (bits/s; 0 before the first tick).
     pub(super) share: u64,
-    /// The isolation counters at the last tick: bytes from light hosts, hosts over their
-    /// share, hosts near it.
-    share_counters: (u64, u64, u64),
+    /// The isolation counters (bytes from light hosts, hosts over their share, hosts near it)
+    /// as read at the tick before the last and at the last: the epoch that ended at a tick is
+    /// counted in its half since the read before the last (see `shaper_common::epoch_unit`).
+    share_counters: [IsolationCounters; 2],
     /// Delay histograms over the last second (`CLOCK_MONOTONIC` ns), oldest first, for the
     /// p99 in `status`: each when the histogram became what it is, so the histogram at a
     /// time is that of the newest entry at or before it. The first is at or before the
@@ -85,7 +86,7 @@ impl ClassEntry {
             mode: Mode::Allocated,
             limited: false,
             share: 0,
-            share_counters: (0, 0, 0),
+            share_counters: [IsolationCounters::default(); 2],
             delays: VecDeque::new(),
             seen: None,
         }
@@ -180,7 +181,9 @@ pub(super) fn class_config(class: &Class, rate: Rate, share: u64, mode: Mode) ->
     // CoDel signals about is then its own. A larger slack withheld every signal from a class's
     // only host (at its share, its clock is as far ahead as the queue), and its queue grew to
     // the horizon. Without AQM, eight full frames. One that runs half the horizon ahead
-    // ignores the congestion signals, and is dropped.
+    // ignores the congestion signals, and is dropped. So is a class's only host: a flood alone
+    // in its class would otherwise fill it to the horizon, where the packets of a host it
+    // starved (a TCP flow backing off, counted nowhere then) are dropped too.
     let slack = if target == 0 { frames_ns(8, share_bytes).max(2_000_000) } else { target };
     ClassConfig {
         rate_bytes: rate.bytes_per_sec(),
@@ -340,7 +343,7 @@ impl State {
         // read of the marks and the new generation (`Datapath::start_tick`, which starts the
         // isolation's epoch too) is read in a sweep that reads every class once every
         // `SWEEP_TICKS` ticks, if not sooner.
-        let active = self.datapath.start_tick()?;
+        let TickStart { active, ended_epoch } = self.datapath.start_tick()?;
         self.ticks = self.ticks.wrapping_add(1);
         let ticks = self.ticks;
         let sweep = |id: u32| (u64::from(id) + ticks).is_multiple_of(SWEEP_TICKS);
@@ -384,12 +387,14 @@ impl State {
                 entry.limited = estimate.limited;
                 entry.record_delays(mono, stats.delay_hist);
                 leaves[node] = pacing::Leaf::new(&estimate, backlog);
-                let now = (stats.share_under_bytes, stats.hosts_over, stats.hosts_near);
-                let (under, over, near) = std::mem::replace(&mut entry.share_counters, now);
+                let [before_last, last] = entry.share_counters;
+                let now = stats.isolation();
+                entry.share_counters = [last, now];
+                let counted = now.epoch(ended_epoch).since(before_last.epoch(ended_epoch));
                 hosts[node] = (
-                    demand::bits_per_sec(now.0.saturating_sub(under), elapsed),
-                    now.1.saturating_sub(over),
-                    now.2.saturating_sub(near),
+                    demand::bits_per_sec(u64::from(counted.share_under_bytes), elapsed),
+                    u64::from(counted.hosts_over),
+                    u64::from(counted.hosts_near),
                 );
             }
             let rates = t.pacer.tick(&t.tree, &leaves, mono);
