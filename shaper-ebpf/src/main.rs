@@ -900,7 +900,8 @@ fn share(config: &ClassConfig, host: &[u64; 2], of: &ShareOf, stats: &mut ClassS
     // only while it was not counted (a contending host's bytes came off its own share). The
     // CPU whose compare-and-exchange sets the epoch counts it: a host's packets pass two CPUs
     // at once (a TCP sender's own and the one its ACKs arrive on), and with plain writes a
-    // class's only host was counted twice in an epoch now and then, in a VM.
+    // class's only host was still counted twice in 14 ticks of about 7,000 (a VM, the epochs'
+    // counts already apart).
     let marks_at = (st as *mut HostState).cast::<u64>();
     // SAFETY: the value's first word (tag and epochs), 8-byte aligned in the array's value.
     let marks = unsafe { core::ptr::read_volatile(marks_at) };
