@@ -911,7 +911,14 @@ pub struct ClassStats {
 #[inline(always)]
 #[must_use]
 pub const fn epoch_unit(epoch: u32) -> u64 {
-    1 << ((epoch & 1) * 32)
+    1 << epoch_shift(epoch)
+}
+
+/// Where the counters of `epoch`'s parity are in an isolation counter (see [`epoch_unit`]).
+#[expect(clippy::inline_always, reason = "called per packet in the tc program, which has no calls to spare")]
+#[inline(always)]
+const fn epoch_shift(epoch: u32) -> u32 {
+    (epoch & 1) * 32
 }
 
 /// The isolation counters of the epochs of `epoch`'s parity (see [`epoch_unit`]).
@@ -947,7 +954,7 @@ impl IsolationCounters {
     #[must_use]
     #[expect(clippy::cast_possible_truncation, reason = "the halves, as documented")]
     pub const fn epoch(self, epoch: u32) -> EpochCounts {
-        let shift = (epoch & 1) * 32;
+        let shift = epoch_shift(epoch);
         EpochCounts {
             share_under_bytes: (self.share_under_bytes >> shift) as u32,
             hosts_near: (self.hosts_near >> shift) as u32,

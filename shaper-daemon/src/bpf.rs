@@ -1161,7 +1161,7 @@ impl Datapath {
 pub struct TickStart {
     /// The classes that counted a packet since the last tick.
     pub active: ActiveClasses,
-    /// The epoch that ended: its isolation counters (`ClassStats::epoch_counts`) are complete.
+    /// The epoch that ended: its isolation counters (`IsolationCounters::epoch`) are complete.
     pub ended_epoch: u32,
 }
 

@@ -574,7 +574,7 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
     if p.flow.missed(p.rule_class) {
         stats.flow_misses += segs;
     }
-    let over = match if config.isolation == ISOLATE_NONE || config.share_bytes == 0 {
+    let over = match if !isolated(config) {
         Share::Over
     } else {
         share(config, p.host, &ShareOf { class, flow_hash: p.flow.tag as u32, bytes, now }, stats)
@@ -784,6 +784,13 @@ enum Share {
     Drop,
 }
 
+/// Whether the class's packets go through [`share`]: it isolates its hosts (or flows) and
+/// shaperd has given it a share.
+#[inline(always)]
+fn isolated(config: &ClassConfig) -> bool {
+    config.isolation != ISOLATE_NONE && config.share_bytes != 0
+}
+
 /// Takes the cost of a packet its class dropped at the horizon back off the clock of the
 /// host [`share`] charged for it (`ClassStats::charged_host`): a host pays for what its class
 /// had room for. Otherwise each such drop ran its clock ahead of its class's for good: a
@@ -798,7 +805,7 @@ enum Share {
 #[inline(always)]
 fn refund_host(stats: &ClassStats, bytes: u64, config: &ClassConfig) {
     let charged = stats.charged_host;
-    if charged == 0 || config.isolation == ISOLATE_NONE || config.share_bytes == 0 {
+    if charged == 0 || !isolated(config) {
         return;
     }
     let Some(st) = HOSTS.get_ptr_mut((charged - 1) as u32) else { return };

@@ -1340,8 +1340,9 @@ fn ten_thousand_host_rules_among_the_new_kinds() {
 /// kernel's limit. On Linux 6.18: 356,854 before `shape` hid five values from the verifier
 /// (`unknown_to_verifier`), 213,688 after; 179,232 on 2026-11-29 (no BPF function call on a
 /// flow-cache hit but the parser's), 200,272 with isolation's exact counting and refunds
-/// (Debian 6.1: 238,274 to 239,596; 6.12: 167,426 to 192,526). The VM tests bound the walk on the kernels they boot
-/// (`tests/vm/verifier.rs`), whose verifiers walk the same program otherwise.
+/// (Debian 6.1: 238,274 to 239,596; 6.12: 167,426 to 192,439). The VM tests bound the walk on
+/// the kernels they boot (`tests/vm/verifier.rs`), whose verifiers walk the same program
+/// otherwise.
 #[test]
 fn the_egress_program_leaves_the_verifier_headroom() {
     shaper_tests::assert_verifier_headroom();
