@@ -27,10 +27,10 @@ use nix::{
     sys::statfs::{statfs, FsType, BPF_FS_MAGIC},
 };
 use shaper_common::{
-    class_slots, flow_cache_expires, iface_slot, maps, ActiveClasses, ClassConfig, ClassState, ClassStats, FlowEntry,
-    Globals, IfaceConfig, IfaceSlot, Origin, RuleKey, RuleTarget, Tuple, FILTER_WORDS, FLOW_SLOTS, IFB_PROGRAM_NAME,
-    INGRESS_PROGRAM_NAME, MAP_LAYOUT_VERSION, MAX_TUPLES, PASS_PROGRAM_NAME, PORT_SLOTS, PROGRAM_NAME,
-    RULES_PER_PACKET,
+    cache_mask, class_slots, flow_cache_expires, iface_slot, maps, ActiveClasses, CacheMasks, ClassConfig, ClassState,
+    ClassStats, Globals, IfaceConfig, IfaceSlot, Origin, RuleKey, RuleTarget, Tuple, CACHE_SETS, CACHE_WAYS,
+    FILTER_WORDS, IFB_PROGRAM_NAME, INGRESS_PROGRAM_NAME, MAP_LAYOUT_VERSION, MAX_TUPLES, PASS_PROGRAM_NAME,
+    PORT_SLOTS, PROGRAM_NAME, RULES_PER_PACKET,
 };
 
 use crate::rules::{self, Compiled};
@@ -256,7 +256,8 @@ pub struct Datapath {
     class_config: Array<MapData, ClassConfig>,
     class_state: Array<MapData, ClassState>,
     class_stats: PerCpuArray<MapData, ClassStats>,
-    flows: Array<MapData, FlowEntry>,
+    class_cache: Array<MapData, [u64; CACHE_WAYS as usize]>,
+    cache_masks: Array<MapData, CacheMasks>,
     active: Array<MapData, ActiveClasses>,
     /// The slots of the class arrays: class ids are below it.
     class_slots: u32,
@@ -406,7 +407,8 @@ impl Datapath {
             class_config: take(&mut ebpf, maps::CLASS_CONFIG)?,
             class_state: take(&mut ebpf, maps::CLASS_STATE)?,
             class_stats: take(&mut ebpf, maps::CLASS_STATS)?,
-            flows: take(&mut ebpf, maps::FLOWS)?,
+            class_cache: take(&mut ebpf, maps::CLASS_CACHE)?,
+            cache_masks: take(&mut ebpf, maps::CACHE_MASKS)?,
             active: take(&mut ebpf, maps::ACTIVE)?,
             class_slots,
             ebpf,
@@ -980,6 +982,10 @@ impl Datapath {
             let tuple = Tuple { filter_mask, ..*tuple };
             self.tuples.set(i, tuple, 0).map_err(map_err(maps::TUPLES, format!("tuple {i}")))?;
         }
+        // The bank's class-cache mask before the switch, as its tuples.
+        let mut masks = self.cache_masks.get(&0, 0).map_err(map_err(maps::CACHE_MASKS, "reading the masks"))?;
+        masks.banks[bank as usize] = cache_mask(&compiled.tuples);
+        self.cache_masks.set(0, masks, 0).map_err(map_err(maps::CACHE_MASKS, format!("the mask of bank {bank}")))?;
         let count = u32::try_from(compiled.tuples.len()).expect("at most MAX_TUPLES");
         if self.journal.is_some() {
             let old = self.globals.get(&0, 0).map_err(map_err(maps::GLOBALS, "reading the active rules"))?;
@@ -998,8 +1004,8 @@ impl Datapath {
         Ok(())
     }
 
-    /// Makes `rules` the active rule bank, in a new generation (the flow cache's answers of
-    /// every other one are stale), and in the epoch the datapath is in. The flow cache is
+    /// Makes `rules` the active rule bank, in a new generation (the class cache's answers of
+    /// every other one are stale), and in the epoch the datapath is in. The class cache is
     /// emptied first when the generation's low 16 bits, which its entries keep, come round
     /// to 0 (once in 65,536 switches): no entry is then as old as the generations it could
     /// pass for.
@@ -1012,24 +1018,24 @@ impl Datapath {
             ..rules
         };
         if flow_cache_expires(globals.generation) {
-            self.empty_flow_cache()?;
+            self.empty_class_cache()?;
         }
         self.globals.set(0, globals, 0).map_err(map_err(maps::GLOBALS, doing))
     }
 
-    /// Empties the flow cache: every slot's word 0.
-    fn empty_flow_cache(&mut self) -> Result<(), BpfError> {
-        for slot in 0..FLOW_SLOTS {
-            self.flows
-                .set(slot, FlowEntry::default(), 0)
-                .map_err(map_err(maps::FLOWS, format!("emptying slot {slot} of the flow cache")))?;
+    /// Empties the class cache: every slot 0.
+    fn empty_class_cache(&mut self) -> Result<(), BpfError> {
+        for set in 0..CACHE_SETS {
+            self.class_cache
+                .set(set, [0; CACHE_WAYS as usize], 0)
+                .map_err(map_err(maps::CLASS_CACHE, format!("emptying set {set} of the class cache")))?;
         }
         Ok(())
     }
 
-    /// The flow cache's slot `slot` (tests).
-    pub fn flow_entry(&self, slot: u32) -> Result<FlowEntry, BpfError> {
-        self.flows.get(&slot, 0).map_err(map_err(maps::FLOWS, format!("reading slot {slot}")))
+    /// The class cache's set `set` (tests): a `FlowEntry::word` a way, 0 if empty.
+    pub fn class_cache_set(&self, set: u32) -> Result<[u64; CACHE_WAYS as usize], BpfError> {
+        self.class_cache.get(&set, 0).map_err(map_err(maps::CLASS_CACHE, format!("reading set {set}")))
     }
 
     /// The ports with interval ids in each rule bank, if known: for the next process that

@@ -20,9 +20,15 @@ use crate::{parse::Parsed, DPORT_IDS, GLOBALS, LEN_IDS, RULES, RULE_FILTER, SPOR
 
 /// The active rule bank and its tuple count. Read once per packet, so that a packet is
 /// classified by one rule set even while the daemon switches banks.
+///
+/// `None` only if the lookup in the one-entry array fails, which it does not: the egress
+/// program then passes the packet on, as for its interface's lookup. An all-zero `Globals`
+/// in its place, as the program took before, was a second kind of state whose constants
+/// the verifier walked the rest of the program for apart (Debian 6.1 entered the parser six
+/// times rather than four, with the class cache).
 #[inline(always)]
-pub fn rule_set() -> Globals {
-    GLOBALS.get(0).copied().unwrap_or_default()
+pub fn rule_set() -> Option<Globals> {
+    GLOBALS.get(0).copied()
 }
 
 /// Sets the key's interval ids (the unit range rules are compiled in) from the packet's raw
@@ -41,7 +47,7 @@ pub fn interval_ids(set: Globals, key: &mut RuleKey, p: &Parsed) {
 }
 
 /// The class of the first rule that matches the packet (`NO_RULE`: none), for a packet whose
-/// flow the flow cache does not hold (`set`: the rule bank and tuple count, as
+/// flow the class cache does not hold (`set`: the rule bank and tuple count, as
 /// [`Globals::packed`] packs them).
 ///
 /// Called for the flows the cache misses only, so its call costs a hit nothing; out of

@@ -1,79 +1,84 @@
-//! The flow cache: sets of four array slots (`FLOWS`, a set 64 bytes), the set picked
-//! by the flow's hash and found without a hash-map lookup, each slot holding what each packet
-//! of a flow needs: the rules' answer for it (so that a flow is classified by the rules once,
-//! not on every packet) and its latest departure (sparse-flow priority). A flow that finds no
-//! slot of its set its own takes over the one whose flow left longest ago.
+//! What the datapath remembers between a flow's packets, in two tables of array slots found
+//! without a hash-map lookup:
 //!
-//! Sets rather than one slot a hash: on the bench's many-flow mix (`cargo xtask bench`,
-//! 131,072 flows) the cache missed 19.6 % of the packets with one slot a hash (which also
-//! left every other slot unused: the hash's lowest bit is always set), 7.3 % with two and
-//! 4.4 % with four. A hit in any way leaves the same state behind (its word and time are read
-//! from the map), and the way is found again when the entry is written, at the end of the
-//! program, so the verifier walks what follows once.
+//! - The class cache (`CLASS_CACHE`, sets of eight 8-byte slots, a set 64 bytes): the rules'
+//!   answer, so that the rules are searched for the first packet, not for each. Its key is the
+//!   packet's key under the active rule bank's mask (`CACHE_MASKS`, see
+//!   `shaper_common::cache_hash`): the packets that agree on every field the rules test share
+//!   an entry, as all of a host's flows do when the rules name hosts. A packet that finds no
+//!   entry takes over an empty slot of its set, or one its hash picks.
+//! - The flows' table (`FLOWS`, one 16-byte slot a flow hash): the flow's latest departure,
+//!   which only matters while its class has a queue (sparse-flow priority). Each packet writes
+//!   its flow's slot without reading it first (a store that misses the CPU's caches does not
+//!   hold the program up), and only a packet whose class has a queue reads it.
 //!
-//! A slot takes 16 bytes: 1 MB in all. With 32-byte slots (2 MB) a packet of the mix cost
-//! 380 ns, and 340 with half as many slots, which missed more flows; with 16-byte slots,
-//! 339 ns at two ways and 318-327 at four (one run each, 10,000 host rules).
+//! Before the two were split, one slot a flow held both (sets of four 16-byte slots): each
+//! packet of a flow the CPU's caches had lost waited for its slot's line. On the bench's
+//! many-flow mix (`cargo xtask bench`, 131,072 flows) that was about a third of a packet's
+//! time with 10,000 host rules. Split, a packet of that mix cost 273-279 ns rather than
+//! 282-290 (10,000 host rules), 314-319 rather than 323-333 (mixed rules with isolation),
+//! 345-363 rather than 453-468 (flows drawn uniformly), in three runs of `shaper-bench
+//! --short` each, alternated; a packet repeated, whose lines stay warm, 132 ns rather than
+//! 117 (the two calls below that a hit makes).
+//!
+//! The lookup, the hash a miss is remembered under, the write of a miss and the departure's
+//! read are BPF global functions: the verifier checks each once, on its own, and goes on
+//! after its return from one state whatever it found. They take and return scalars and only
+//! read the caller's memory, because Debian 6.1's verifier does not see what a global
+//! function writes through a pointer: with the lookup's answer written into the caller's
+//! `Flow` it walked the program 348,982 instructions (what followed the parser once for
+//! each of its ways out), and 177,719 as they are. Inlined, the split made 6.1 walk 377,000
+//! to 1,000,000 instructions, or the classifier's call chain overran its 512 bytes of stack.
 
 use aya_ebpf::{macros::map, maps::Array};
 use shaper_common::{
-    flow_hash, flow_tag, FlowEntry, Globals, RuleKey, FLOW_SETS, FLOW_SLOTS, FLOW_WAYS, RULES_PER_PACKET,
-    RULE_KEY_WORDS,
+    cache_hash, flow_hash, flow_tag, CacheMasks, FlowEntry, Globals, RuleKey, CACHE_SETS, CACHE_WAYS, FLOW_SLOTS,
+    RULES_PER_PACKET, RULE_KEY_WORDS,
 };
 
 #[map]
 static FLOWS: Array<FlowEntry> = Array::with_max_entries(FLOW_SLOTS, 0);
+#[map]
+static CLASS_CACHE: Array<[u64; CACHE_WAYS as usize]> = Array::with_max_entries(CACHE_SETS, 0);
+#[map]
+static CACHE_MASKS: Array<CacheMasks> = Array::with_max_entries(1, 0);
 
-/// [`Flow::class`]'s answer when the cache does not hold the flow's class (no class id or
+/// [`Flow::class`]'s answer when the cache does not hold the packet's class (no class id or
 /// `NO_RULE` is this value).
 pub const NOT_HELD: u64 = u64::MAX;
 
-/// A packet's flow, and what the cache held of it.
+/// A packet's flow, and what the class cache held for it.
 pub struct Flow {
-    /// The first slot of the flow's set in `FLOWS` (`u32::MAX`: none). An index rather than
-    /// a pointer, and the way found again when the entry is written: a pointer that may be
-    /// null, or a way that may be either, makes the verifier walk what follows once for each.
-    set: u32,
-    /// The flow's hash.
+    /// The flow's hash (`FLOWS`' slot, and isolation by flow); 0 for a packet not parsed.
     pub tag: u64,
-    /// The entry's `word`, if the entry holds this flow; else 0. A plain value rather than
-    /// an `Option`: the verifier walks what follows once for both (see `classify::flow_class`).
+    /// What the class cache held for the packet: [`FlowEntry::word`] of hash 0 (its tag bits
+    /// mean "held"), the generation and class of the entry whose tag is the packet's; else 0.
+    /// A plain value rather than an `Option`: the verifier walks what follows once for both.
     cached: u64,
-    last_ns: u64,
     /// The rules' generation of the packet's classification (`Globals::generation`).
     generation: u32,
 }
 
 impl Flow {
     /// The flow of the packet whose key the parser filled (no interval ids yet), with raw
-    /// ports `sport` and `dport`.
+    /// ports `ports` (`parse::Parsed::ports`), and the class cache's entry for it.
     #[inline(always)]
-    pub fn find(key: &RuleKey, sport: u16, dport: u16, set: Globals) -> Self {
+    pub fn find(key: &RuleKey, ports: u32, set: Globals) -> Self {
         // SAFETY: RuleKey is repr(C, align(8)) and RULE_KEY_WORDS words long (asserted in
         // shaper-common): aligned word reads.
         let words = unsafe { &*core::ptr::from_ref(key).cast::<[u64; RULE_KEY_WORDS]>() };
-        let tag = flow_hash(words, sport, dport);
-        // The hash's lowest bit is always set (see flow_hash): the set from the bits above.
-        let slot = ((tag >> 1) as u32 & (FLOW_SETS - 1)) * FLOW_WAYS;
-        let (mut cached, mut last_ns) = (0, 0);
-        for way in 0..FLOW_WAYS {
-            let Some((word, last)) = read(slot + way) else { break };
-            if FlowEntry::tag(word) == flow_tag(tag) {
-                cached = word;
-                last_ns = last;
-                break;
-            }
-        }
-        Self { set: slot, tag, cached, last_ns, generation: set.generation }
+        let tag = flow_hash(words, ports as u16, (ports >> 16) as u16);
+        let cached = cache_find(core::ptr::from_ref(key), u64::from(ports), u64::from(set.bank));
+        Self { tag, cached, generation: set.generation }
     }
 
     /// A packet that was not parsed: no flow.
     #[inline(always)]
     pub const fn none() -> Self {
-        Self { set: u32::MAX, tag: 0, cached: 0, last_ns: 0, generation: 0 }
+        Self { tag: 0, cached: 0, generation: 0 }
     }
 
-    /// The class of the first rule that matches the flow (`NO_RULE`: none), as the cache
+    /// The class of the first rule that matches the packet (`NO_RULE`: none), as the cache
     /// holds it for the active rules; [`NOT_HELD`] if it does not, or if the rules test
     /// fields that differ between packets.
     #[inline(always)]
@@ -86,73 +91,163 @@ impl Flow {
         }
     }
 
+    /// The class cache's hash of the packet of key `key` (as the parser left it: no interval
+    /// ids) and raw ports `ports`, for [`Self::remember`]; 0 if it has none.
+    #[inline(always)]
+    pub fn key_tag(key: &RuleKey, ports: u32, set: Globals) -> u64 {
+        cache_key(core::ptr::from_ref(key), u64::from(ports), u64::from(set.bank))
+    }
+
+    /// Keeps `rule_class`, the rules' answer for the packet whose class cache hash is
+    /// `key_tag` ([`Self::key_tag`]) and that the cache did not hold, in the cache (see
+    /// [`remember`]).
+    #[inline(always)]
+    pub fn remember(&self, key_tag: u64, rule_class: u32) {
+        remember(key_tag, FlowEntry::word(key_tag, self.generation, rule_class));
+    }
+
     /// When the flow's previous packet was to leave, 0 if unknown, as long as its packets
     /// go to class `rule_class` (the rules' answer for this packet).
     #[inline(always)]
     pub fn last(&self, rule_class: u32) -> u64 {
-        if self.cached != 0 && FlowEntry::class(self.cached) == rule_class {
-            self.last_ns
-        } else {
-            0
-        }
+        flow_last(self.tag, u64::from(rule_class))
     }
 
-    /// Whether the packet's flow was not in the cache (with this answer of the active rules).
+    /// Whether the packet's class was not in the cache (with this answer of the active rules).
     #[inline(always)]
     pub fn missed(&self, rule_class: u32) -> bool {
-        self.tag != 0 && !self.hit(rule_class)
-    }
-
-    /// Whether the cache held this flow with this answer of the active rules.
-    #[inline(always)]
-    pub fn hit(&self, rule_class: u32) -> bool {
-        self.cached == FlowEntry::word(self.tag, self.generation, rule_class)
+        self.tag != 0 && self.cached != FlowEntry::word(0, self.generation, rule_class)
     }
 
     /// Records the departure of the flow's packet, whose class the rules gave as
-    /// `rule_class`: the whole entry if the cache did not hold the flow so, else only the
-    /// time. The slot is the set's that holds the flow, else the one whose flow left longest
-    /// ago (an empty one's left at 0).
+    /// `rule_class`, in the flow's slot of `FLOWS`, without reading it.
     #[inline(always)]
     pub fn record(&self, rule_class: u32, depart: u64) {
-        if self.set >= FLOW_SLOTS {
+        if self.tag == 0 {
             return;
         }
-        let tag = flow_tag(self.tag);
-        let (mut way, mut oldest) = (0, u64::MAX);
-        for i in 0..FLOW_WAYS {
-            let Some((word, last)) = read(self.set + i) else { return };
-            if FlowEntry::tag(word) == tag {
-                way = i;
-                break;
-            }
-            if last < oldest {
-                (way, oldest) = (i, last);
-            }
-        }
-        let Some(e) = FLOWS.get_ptr_mut(self.set + way) else { return };
+        let Some(e) = FLOWS.get_ptr_mut(flow_slot(self.tag)) else { return };
         // SAFETY: a pointer into an array map value, which lives as long as the map.
         unsafe {
-            if !self.hit(rule_class) {
-                let word = FlowEntry::word(self.tag, self.generation, rule_class);
-                core::ptr::write_volatile(core::ptr::addr_of_mut!((*e).word), word);
-            }
+            core::ptr::write_volatile(core::ptr::addr_of_mut!((*e).word), FlowEntry::word(self.tag, 0, rule_class));
             core::ptr::write_volatile(core::ptr::addr_of_mut!((*e).last_ns), depart);
         }
     }
 }
 
-/// Slot `slot` of `FLOWS`: its word and last departure, each read once (other CPUs may write
-/// it meanwhile).
+/// The class cache's hash of the packet of key `key` (no interval ids) and raw ports `ports`
+/// under rule bank `bank`'s mask, and its set; `None` if the mask's lookup fails.
 #[inline(always)]
-fn read(slot: u32) -> Option<(u64, u64)> {
-    let e = FLOWS.get_ptr_mut(slot)?;
+fn cache_slot(key: *const RuleKey, ports: u64, bank: u64) -> Option<(u64, u32)> {
+    // SAFETY: RuleKey is repr(C, align(8)) and RULE_KEY_WORDS words long (asserted in
+    // shaper-common): aligned word reads of the caller's key.
+    let words = unsafe { &*key.cast::<[u64; RULE_KEY_WORDS]>() };
+    let masks = CACHE_MASKS.get(0)?;
+    let key_tag = cache_hash(words, masks, bank as u32, ports as u32);
+    Some((key_tag, cache_set(key_tag)))
+}
+
+/// The set of `CLASS_CACHE` of the packets whose class cache hash is `key_tag` (its lowest
+/// bit is always set: the bits above).
+#[inline(always)]
+fn cache_set(key_tag: u64) -> u32 {
+    (key_tag >> 1) as u32 & (CACHE_SETS - 1)
+}
+
+/// [`Flow::key_tag`]'s work, a BPF global function (see the module's doc).
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn cache_key(key: *const RuleKey, ports: u64, bank: u64) -> u64 {
+    if key.is_null() {
+        return 0;
+    }
+    cache_slot(key, ports, bank).map_or(0, |(key_tag, _)| key_tag)
+}
+
+/// Writes `word`, the class cache's entry for the packets whose hash is `key_tag`, into their
+/// set: into the way that holds their tag if one does, else into an empty one, else into the
+/// one the hash picks. Called for a packet the cache missed only; a BPF global function
+/// (see the module's doc).
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn remember(key_tag: u64, word: u64) -> u64 {
+    if key_tag == 0 {
+        return 0;
+    }
+    let Some(ways) = CLASS_CACHE.get_ptr_mut(cache_set(key_tag)) else { return 0 };
+    let ways = ways.cast::<u64>();
+    let tag = flow_tag(key_tag);
+    let (mut way, mut found) = ((key_tag >> 40) as usize & (CACHE_WAYS as usize - 1), false);
+    for i in 0..CACHE_WAYS as usize {
+        // SAFETY: a pointer into an array map value of CACHE_WAYS words, which lives as long
+        // as the map; volatile reads (other CPUs may write it meanwhile).
+        let held = unsafe { core::ptr::read_volatile(ways.add(i)) };
+        if FlowEntry::tag(held) == tag {
+            way = i;
+            break;
+        }
+        if held == 0 && !found {
+            way = i;
+            found = true;
+        }
+    }
+    // SAFETY: as above; `way` is below CACHE_WAYS.
+    unsafe { core::ptr::write_volatile(ways.add(way & (CACHE_WAYS as usize - 1)), word) };
+    1
+}
+
+/// [`Flow::find`]'s lookup, a BPF global function (see the module's doc): the class cache's
+/// entry for the packet of key `key` and raw ports `ports` under rule bank
+/// `bank`, as [`Flow::cached`] holds it; 0 if none.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn cache_find(key: *const RuleKey, ports: u64, bank: u64) -> u64 {
+    if key.is_null() {
+        return 0;
+    }
+    let Some((key_tag, set)) = cache_slot(key, ports, bank) else { return 0 };
+    let Some(ways) = CLASS_CACHE.get_ptr(set) else { return 0 };
+    let ways = ways.cast::<u64>();
+    let want = u64::from(flow_tag(key_tag));
+    let (mut cached, mut found) = (0u64, 0u64);
+    for way in 0..CACHE_WAYS as usize {
+        // SAFETY: a pointer into an array map value of CACHE_WAYS words.
+        let word = unsafe { core::ptr::read_volatile(ways.add(way)) };
+        let equal = all_ones_if_zero((word >> 32) ^ want);
+        cached |= word & equal & !found;
+        found |= equal;
+    }
+    // The tag's bits say "held" (FlowEntry::word of hash 0), so that Flow::missed compares
+    // one word without the packet's hash.
+    (cached & 0xffff_ffff | 1 << 32) & found
+}
+
+/// [`Flow::last`]'s work, a BPF global function (see the module's doc); called only where a
+/// queue (its class's, or the link's for a quiet class) makes the departure matter.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn flow_last(tag: u64, rule_class: u64) -> u64 {
+    let Some(e) = FLOWS.get_ptr(flow_slot(tag)) else { return 0 };
     // SAFETY: a pointer into an array map value, which lives as long as the map; volatile
-    // reads.
-    Some(unsafe {
+    // reads (other CPUs may write it meanwhile).
+    let (word, last) = unsafe {
         (
             core::ptr::read_volatile(core::ptr::addr_of!((*e).word)),
             core::ptr::read_volatile(core::ptr::addr_of!((*e).last_ns)),
         )
-    })
+    };
+    last & all_ones_if_zero(word ^ FlowEntry::word(tag, 0, rule_class as u32))
+}
+
+/// All ones if `x` is 0, else 0, without a branch.
+#[inline(always)]
+fn all_ones_if_zero(x: u64) -> u64 {
+    (((x | x.wrapping_neg()) >> 63) ^ 1).wrapping_neg()
+}
+
+/// The slot of `FLOWS` of the flow whose hash is `tag` (its lowest bit is always set: the
+/// bits above).
+#[inline(always)]
+fn flow_slot(tag: u64) -> u32 {
+    (tag >> 1) as u32 & (FLOW_SLOTS - 1)
 }

@@ -245,19 +245,27 @@ fn try_egress(ctx: &TcContext) -> Result<i32, ()> {
     key.iface = iface.slot as u16;
     // SAFETY: as above.
     key.mark = unsafe { (*skb).mark };
-    let set = classify::rule_set();
+    let set = classify::rule_set().ok_or(())?;
     let (rule_class, flow, hdr_len, ip) = match parse::parse(ctx, iface.flags & IFACE_L3 != 0, key) {
         Ok(mut p) => {
             if iface.flags & IFACE_NAT != 0 {
                 restore_origin(skb, key, &mut p);
             }
-            // The flow cache first: the rules are searched for a flow's first packet (or
-            // after the rules changed), not for each. A hit does not call the classifier:
-            // a call and its return cost about 8 ns (see `edt::take_slot_packed`).
-            let flow = Flow::find(key, p.sport(), p.dport(), set);
+            // The class cache first: the rules are searched for the first packet of those
+            // that agree on the fields they test (a host's, when they name hosts), or after
+            // the rules changed, not for each. A hit does not call the classifier: a call and
+            // its return cost about 8 ns (see `edt::take_slot_packed`).
+            let flow = Flow::find(key, p.ports, set);
             let cached = flow.class(set);
-            let rule_class =
-                if cached == flow::NOT_HELD { classify::flow_class(key, &p, set.packed()) } else { cached } as u32;
+            let rule_class = if cached == flow::NOT_HELD {
+                // The cache's hash before the classifier puts interval ids in the key.
+                let key_tag = Flow::key_tag(key, p.ports, set);
+                let class = classify::flow_class(key, &p, set.packed()) as u32;
+                flow.remember(key_tag, class);
+                class
+            } else {
+                cached as u32
+            };
             (rule_class, flow, p.hdr_len, IpEcn { family: key.family, l3: p.l3, ecn: p.ecn })
         }
         Err(parse::Malformed) => (NO_RULE, Flow::none(), 0, IpEcn { family: 0, l3: 0, ecn: 0 }),
@@ -594,10 +602,6 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
     // What follows is walked once for both (see `unknown_to_verifier`), as for `bytes`,
     // `committed`, `in_profile` and `start`.
     let over = unknown_to_verifier(over as u64) != 0;
-    // The flow cache's entry serves both the sparse test and the update after pacing. Another
-    // flow may take the slot over meanwhile; the worst outcome is one flow's time written for
-    // another, which only steers the heuristic.
-    let flow_last = p.flow.last(p.rule_class);
     let sent = Sent { skb, flow: &p.flow, rule_class: p.rule_class, tstamp, own, now, bytes, segs };
     let horizon = config.horizon_ns;
     let link = LinkSlot::new(p.iface, bytes);
@@ -610,7 +614,7 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
         true
     };
     let in_profile = unknown_to_verifier(in_profile as u64) != 0;
-    if segs == 1 && sparse(state, flow_last, now, cost, byte_ns, horizon) {
+    if segs == 1 && sparse(state, &p.flow, p.rule_class, now, cost, byte_ns, horizon) {
         // A sparse flow leaves ahead of its class's queue, as fq_codel serves new flows
         // first; its slot is still taken from the class clock, so the class keeps to its rate.
         // CoDel does not see it: its delay says nothing about the class's queue.
@@ -627,19 +631,21 @@ fn shape(ctx: &TcContext, p: &Packet) -> i32 {
     // ahead of those that borrow, and the borrowers are held in its place: its interactive
     // traffic (pings, a few per second in a class of tens of kbit/s, beyond the sparse
     // budget) does not wait behind the link's queue.
-    let start =
-        if committed > now && config.flags & CLASS_QUIET != 0 && !(segs == 1 && on_time(state, flow_last, now, cost)) {
-            let held = link.hold_behind(committed, next, now);
-            if in_profile {
-                now
-            } else {
-                held
-            }
-        } else if config.flags & CLASS_BORROWING != 0 {
-            link.after_hold(now)
-        } else {
+    let start = if committed > now
+        && config.flags & CLASS_QUIET != 0
+        && !(segs == 1 && on_time(state, p.flow.last(p.rule_class), now, cost))
+    {
+        let held = link.hold_behind(committed, next, now);
+        if in_profile {
             now
-        };
+        } else {
+            held
+        }
+    } else if config.flags & CLASS_BORROWING != 0 {
+        link.after_hold(now)
+    } else {
+        now
+    };
     let start = unknown_to_verifier(start);
     // SAFETY: `state` points into an array map value that lives as long as the map.
     let edt::Verdict::Send { depart, idle } = (unsafe { edt::take_slot(next, cost, start, now, config) }) else {
@@ -861,7 +867,7 @@ fn share(config: &ClassConfig, host: &[u64; 2], of: &ShareOf, stats: &mut ClassS
     let h = host_hash(u64::from(class) | (u64::from(config.isolation) << 32), a, b);
     let base = ((h as u32) & (HOST_SETS - 1)) * HOST_WAYS;
     let tag = ((h >> 32) as u32) | 1;
-    let epoch32 = classify::rule_set().epoch;
+    let epoch32 = classify::rule_set().map_or(0, |set| set.epoch);
     let epoch = epoch32 as u16;
     let unit = shaper_common::epoch_unit(epoch32);
     // The way that holds the host, or the one idle longest. Found by index and looked up
@@ -999,7 +1005,15 @@ const SPARSE_GAP_NS: u64 = 10_000_000;
 /// sparse packets carried during the queue's length, which the two bounds above keep to half
 /// a full frame (at most `queue * rate / SPARSE_SHARE` bytes).
 #[inline(always)]
-fn sparse(state: *mut ClassState, last: u64, now: u64, cost: u64, byte_ns: u64, horizon: u64) -> bool {
+fn sparse(
+    state: *mut ClassState,
+    flow: &Flow,
+    rule_class: u32,
+    now: u64,
+    cost: u64,
+    byte_ns: u64,
+    horizon: u64,
+) -> bool {
     // SAFETY: `state` points into a map value (caller); no reference is created.
     let next = unsafe { core::ptr::addr_of_mut!((*state).next_ns) };
     // SAFETY: as above.
@@ -1009,6 +1023,8 @@ fn sparse(state: *mut ClassState, last: u64, now: u64, cost: u64, byte_ns: u64, 
         return false;
     }
     let queue = class_next - now;
+    // The flow's last departure is read only here, for a class with a queue.
+    let last = flow.last(rule_class);
     if last.saturating_add(queue.min(SPARSE_GAP_NS)) > now {
         return false;
     }

@@ -12,7 +12,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use shaper::{bpf::Datapath, rules::RuleSpec};
 use shaper_common::{
-    iface_slot, ClassConfig, IfaceConfig, IfaceSlot, CLASS_BORROWING, CLASS_QUIET, FLOW_SLOTS, IFACE_ENABLED,
+    iface_slot, ClassConfig, IfaceConfig, IfaceSlot, CACHE_SETS, CLASS_BORROWING, CLASS_QUIET, IFACE_ENABLED,
     IFACE_SLOTS, ISOLATE_HOST, LINKLAYER_ATM, LINKLAYER_ETHERNET, LINKLAYER_PTM,
 };
 use shaper_tests::{ipv4, ipv6, loopback_datapath, monotonic_ns, run, Frame, SkbCtx, L4, LO, TC_ACT_OK, TC_ACT_SHOT};
@@ -415,7 +415,7 @@ fn replacing_the_rules_leaves_nothing_of_the_old_ones() {
     assert_eq!([class_of(&dp, &p1, ctx), class_of(&dp, &p2, ctx), class_of(&dp, &p3, ctx)], [1, 2, 2]);
 }
 
-/// The flow cache keeps 16 bits of the rules' generation with a flow's class: a flow not seen
+/// The class cache keeps 16 bits of the rules' generation with a class: packets not seen
 /// for 65,536 rule changes must not come back to the class its entry held (shaperd empties
 /// the cache as those 16 bits come round).
 #[test]
@@ -431,7 +431,7 @@ fn a_cached_class_does_not_outlive_65536_rule_changes() {
     let ctx = SkbCtx::default();
     let p = v4([10, 0, 0, 1], [1, 1, 1, 1], TCP);
     assert_eq!(class_of(&dp, &p, ctx), 1);
-    let held = (0..FLOW_SLOTS).filter(|&s| dp.flow_entry(s).unwrap().word != 0).count();
+    let held: usize = (0..CACHE_SETS).map(|s| dp.class_cache_set(s).unwrap().iter().filter(|&&w| w != 0).count()).sum();
     assert_eq!(held, 1, "the flow's entry");
     // 65,536 switches: the last one (to `b`) has the generation's low 16 bits of the entry.
     for i in 1..=65_536u32 {
@@ -1340,7 +1340,9 @@ fn ten_thousand_host_rules_among_the_new_kinds() {
 /// kernel's limit. On Linux 6.18: 356,854 before `shape` hid five values from the verifier
 /// (`unknown_to_verifier`), 213,688 after; 179,232 on 2026-11-29 (no BPF function call on a
 /// flow-cache hit but the parser's), 200,272 with isolation's exact counting and refunds
-/// (Debian 6.1: 238,274 to 239,596; 6.12: 167,426 to 192,439). The VM tests bound the walk on
+/// (Debian 6.1: 238,274 to 239,596; 6.12: 167,426 to 192,439), 93,299 with the class cache's
+/// global functions and the rule set read fail-closed (6.1 177,719, 6.12 88,866; see
+/// `shaper-ebpf/src/flow.rs`). The VM tests bound the walk on
 /// the kernels they boot (`tests/vm/verifier.rs`), whose verifiers walk the same program
 /// otherwise.
 #[test]

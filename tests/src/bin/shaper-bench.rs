@@ -2,7 +2,7 @@
 //! run, as one table with ratios (see `shaper_tests::bench`), written to `target/bench/` as
 //! JSON and a PNG chart.
 //!
-//! - The datapath on a packet mix of many flows, more than its flow cache holds: each
+//! - The datapath on a packet mix of many flows, more than its flows' table holds: each
 //!   `BPF_PROG_TEST_RUN` runs one packet of the mix (the kernel times the run), next to a tc
 //!   program that does nothing, run on the same packets. Also on one packet repeated, the
 //!   figure earlier versions printed.
@@ -129,7 +129,7 @@ enum Spread {
     /// 1/k (Zipf, s = 1), so a few flows carry most packets and most flows a few.
     Zipf,
     /// Every flow equally likely: no flow sends twice in a row more than chance has it (the
-    /// flow cache's worst case).
+    /// caches' worst case).
     Uniform,
 }
 
@@ -139,7 +139,7 @@ struct FlowSpec {
     mark: u32,
 }
 
-/// Flows in the mix: twice the flow cache's slots.
+/// Flows in the mix: twice the slots of the flows' table (`FLOWS`).
 const MIX_FLOWS: u32 = 2 * FLOW_SLOTS;
 
 /// Flow `i` of the mix: a source among `hosts` hosts, TCP to a web server mostly, some DNS,
@@ -198,7 +198,8 @@ impl Mix {
     }
 
     /// The same mix, its packets folded onto its first `flows` flows: few enough that their
-    /// lines of the flow cache stay in the CPU's caches from one of their packets to the next.
+    /// lines of the datapath's tables stay in the CPU's caches from one of their packets to
+    /// the next.
     /// Only those flows are built.
     fn folded(hosts: u32, spread: Spread, packets: usize, flows: u32) -> Self {
         Self {
@@ -374,7 +375,7 @@ fn datapath_memory(report: &mut Report) {
 }
 
 fn misses_note(share: f64) -> String {
-    format!("flow cache missed {:.1} % of packets", share * 100.0)
+    format!("class cache missed {:.1} % of packets", share * 100.0)
 }
 
 /// The figures earlier versions printed: one packet repeated (every lookup hits a warm
