@@ -708,6 +708,18 @@ pub const L4_ICMP: u8 = 4;
 /// `RuleKey` as 64-bit words, the unit in which tuple masks are applied.
 pub const RULE_KEY_WORDS: usize = 8;
 
+impl RuleKey {
+    /// The key as the words the hashes read ([`flow_hash`], [`cache_hash`]).
+    #[expect(clippy::inline_always, reason = "called per packet in the tc program, which has no calls to spare")]
+    #[inline(always)]
+    #[must_use]
+    pub const fn words(&self) -> &[u64; RULE_KEY_WORDS] {
+        // SAFETY: RuleKey is repr(C, align(8)) and RULE_KEY_WORDS words long (asserted
+        // below), all of it plain data: aligned word reads.
+        unsafe { &*core::ptr::from_ref(self).cast::<[u64; RULE_KEY_WORDS]>() }
+    }
+}
+
 /// One tuple: the mask of the fields that its rules test, and the smallest rule index
 /// (file order) among its rules, so the datapath can stop once no later tuple can win.
 #[repr(C)]
@@ -1288,9 +1300,7 @@ mod tests {
             ..RuleKey::default()
         };
         let hash = |k: &RuleKey, sport: u16, dport: u16, bank: u32| {
-            // SAFETY: RuleKey is repr(C, align(8)) and RULE_KEY_WORDS words long.
-            let words = unsafe { &*core::ptr::from_ref(k).cast::<[u64; RULE_KEY_WORDS]>() };
-            cache_hash(words, &masks, bank, u32::from(sport) | u32::from(dport) << 16)
+            cache_hash(k.words(), &masks, bank, u32::from(sport) | u32::from(dport) << 16)
         };
         let (a, b) = (key(1, 7), key(1, 9));
         assert_eq!(hash(&a, 1024, 443, 0), hash(&b, 2048, 80, 0), "one host's flows, hosts named");
@@ -1319,9 +1329,7 @@ mod tests {
         for i in 0..flows {
             let [_, _, host, port] = i.to_be_bytes();
             key.src = [10, 0, host >> 6, host & 0x3f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-            // SAFETY: RuleKey is repr(C, align(8)) and RULE_KEY_WORDS words long.
-            let words = unsafe { &*core::ptr::from_ref(&key).cast::<[u64; RULE_KEY_WORDS]>() };
-            let h = flow_hash(words, 1024 + u16::from(port), 443);
+            let h = flow_hash(key.words(), 1024 + u16::from(port), 443);
             let set = u32::try_from((h >> 1) & u64::from(FLOW_SLOTS - 1)).unwrap();
             sets[set as usize] += 1;
             assert!(seen.insert((set, flow_tag(h))), "flow {i} shares its slot and tag with another");

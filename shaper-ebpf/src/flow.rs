@@ -33,7 +33,7 @@
 use aya_ebpf::{macros::map, maps::Array};
 use shaper_common::{
     cache_hash, flow_hash, flow_tag, CacheMasks, FlowEntry, Globals, RuleKey, CACHE_SETS, CACHE_WAYS, FLOW_SLOTS,
-    RULES_PER_PACKET, RULE_KEY_WORDS,
+    RULES_PER_PACKET,
 };
 
 #[map]
@@ -64,10 +64,7 @@ impl Flow {
     /// ports `ports` (`parse::Parsed::ports`), and the class cache's entry for it.
     #[inline(always)]
     pub fn find(key: &RuleKey, ports: u32, set: Globals) -> Self {
-        // SAFETY: RuleKey is repr(C, align(8)) and RULE_KEY_WORDS words long (asserted in
-        // shaper-common): aligned word reads.
-        let words = unsafe { &*core::ptr::from_ref(key).cast::<[u64; RULE_KEY_WORDS]>() };
-        let tag = flow_hash(words, ports as u16, (ports >> 16) as u16);
+        let tag = flow_hash(key.words(), ports as u16, (ports >> 16) as u16);
         let cached = cache_find(core::ptr::from_ref(key), u64::from(ports), u64::from(set.bank));
         Self { tag, cached, generation: set.generation }
     }
@@ -138,12 +135,9 @@ impl Flow {
 /// The class cache's hash of the packet of key `key` (no interval ids) and raw ports `ports`
 /// under rule bank `bank`'s mask, and its set; `None` if the mask's lookup fails.
 #[inline(always)]
-fn cache_slot(key: *const RuleKey, ports: u64, bank: u64) -> Option<(u64, u32)> {
-    // SAFETY: RuleKey is repr(C, align(8)) and RULE_KEY_WORDS words long (asserted in
-    // shaper-common): aligned word reads of the caller's key.
-    let words = unsafe { &*key.cast::<[u64; RULE_KEY_WORDS]>() };
+fn cache_slot(key: &RuleKey, ports: u64, bank: u64) -> Option<(u64, u32)> {
     let masks = CACHE_MASKS.get(0)?;
-    let key_tag = cache_hash(words, masks, bank as u32, ports as u32);
+    let key_tag = cache_hash(key.words(), masks, bank as u32, ports as u32);
     Some((key_tag, cache_set(key_tag)))
 }
 
@@ -158,9 +152,8 @@ fn cache_set(key_tag: u64) -> u32 {
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn cache_key(key: *const RuleKey, ports: u64, bank: u64) -> u64 {
-    if key.is_null() {
-        return 0;
-    }
+    // SAFETY: the caller's own key, or null.
+    let Some(key) = (unsafe { key.as_ref() }) else { return 0 };
     cache_slot(key, ports, bank).map_or(0, |(key_tag, _)| key_tag)
 }
 
@@ -202,9 +195,8 @@ pub extern "C" fn remember(key_tag: u64, word: u64) -> u64 {
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn cache_find(key: *const RuleKey, ports: u64, bank: u64) -> u64 {
-    if key.is_null() {
-        return 0;
-    }
+    // SAFETY: the caller's own key, or null.
+    let Some(key) = (unsafe { key.as_ref() }) else { return 0 };
     let Some((key_tag, set)) = cache_slot(key, ports, bank) else { return 0 };
     let Some(ways) = CLASS_CACHE.get_ptr(set) else { return 0 };
     let ways = ways.cast::<u64>();
