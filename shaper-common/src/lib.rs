@@ -1283,14 +1283,9 @@ mod tests {
     /// are two entries. Each bank hashes under its own mask.
     #[test]
     fn the_class_cache_hash_keeps_what_the_rules_test() {
-        let src = key_bits(&[(core::mem::offset_of!(RuleKey, src), 16)]);
-        let dport = key_bits(&[(core::mem::offset_of!(RuleKey, dport), 2)]);
-        let mut both = src;
-        for (w, d) in both.iter_mut().zip(dport) {
-            *w |= d;
-        }
-        let hosts = Tuple { mask: src, min_rule: 0, filter_mask: 0 };
-        let host_ports = Tuple { mask: both, min_rule: 0, filter_mask: 0 };
+        let (src, dport) = ((core::mem::offset_of!(RuleKey, src), 16), (core::mem::offset_of!(RuleKey, dport), 2));
+        let hosts = Tuple { mask: key_bits(&[src]), min_rule: 0, filter_mask: 0 };
+        let host_ports = Tuple { mask: key_bits(&[src, dport]), min_rule: 0, filter_mask: 0 };
         let masks = CacheMasks { banks: [cache_mask([&hosts]), cache_mask([&host_ports])] };
         let key = |host: u8, server: u8| RuleKey {
             family: 4,
