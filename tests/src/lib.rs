@@ -13,6 +13,7 @@ use std::{
 pub mod bench;
 pub mod chart;
 pub mod gateway;
+pub mod htb;
 pub mod prometheus;
 pub mod reference;
 

@@ -26,10 +26,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shaper::{allocation::tree::Tree, config::Config};
-use shaper_tests::gateway::{
-    goodput, htb_fq_codel_commands, iperf_result, monotonic_secs, require_fq, sleep_until, tcp_connections, Daemon,
-    Topology, UdpLoad, UdpReceiver, UdpSent, UDP_WIRE_HEADERS, WIRE_PER_GOODPUT,
+use shaper::config::Config;
+use shaper_tests::{
+    gateway::{
+        goodput, htb_fq_codel_commands, iperf_result, monotonic_secs, require_fq, sleep_until, tcp_connections, Daemon,
+        Topology, UdpLoad, UdpReceiver, UdpSent, UDP_WIRE_HEADERS, WIRE_PER_GOODPUT,
+    },
+    htb::Htb,
 };
 
 use super::{roommates, HOSTS, LATENCY_CONFIG, ROOMMATES};
@@ -397,31 +400,36 @@ fn compare<T: Send>(
     htb.into_iter().zip(ours).map(|((h, ()), (o, t))| (h, o, t)).collect()
 }
 
-/// Each flow's class allocation (bit/s) from shaper's own allocator (HTB's rules), given
-/// that each source would send `Source::demand`; other classes idle.
+/// Each flow's class share (bit/s) by HTB's rules (the independent reference,
+/// `shaper_tests::htb`), given that each source would send `Source::demand`; other classes
+/// idle.
 fn expectation(config: &str, flows: &[Flow]) -> Vec<f64> {
     let config = parse(config);
-    let (tree, ids) = Tree::from_config(&config, "lan0");
-    let mut demand = vec![0u64; ids.len()];
-    for (node, id) in ids.iter().enumerate() {
-        if let Some(c) = id {
-            let name = &config.classes[*c].name;
-            demand[node] = flows
+    let htb = Htb::from_config(&config);
+    #[expect(clippy::cast_precision_loss, reason = "rates far below 2^52 bit/s")]
+    let demand: Vec<f64> = config
+        .classes
+        .iter()
+        .map(|c| {
+            let want = flows
                 .iter()
-                .filter(|f| f.class == name.as_str())
+                .filter(|f| f.class == c.name.as_str())
                 .map(|f| f.source.demand())
                 .fold(0, u64::saturating_add);
-        }
-    }
-    let alloc = tree.allocate(&demand);
+            if want == u64::MAX {
+                f64::INFINITY
+            } else {
+                want as f64
+            }
+        })
+        .collect();
+    let shares = htb.shares(&demand);
     flows
         .iter()
         .map(|f| {
-            let node = ids
-                .iter()
-                .position(|id| id.is_some_and(|c| config.classes[c].name == f.class))
-                .unwrap_or_else(|| panic!("no class {}", f.class));
-            alloc[node] as f64
+            let class =
+                config.classes.iter().position(|c| c.name == f.class).unwrap_or_else(|| panic!("no class {}", f.class));
+            shares[class]
         })
         .collect()
 }
