@@ -15,8 +15,9 @@
 //! - [`metrics`]: the Prometheus exposition served at `/metrics`;
 //! - [`daemon`]: wiring, signals and shutdown (setup and undo, the control loop, request
 //!   handling);
-//! - `model`, `tuning` (tests, and the `model` feature): a deterministic model of the whole
-//!   rate path, and the sweep of the control loop's tick and headroom run on it.
+//! - `model` (the `model` feature): a deterministic model of the whole rate path, which
+//!   `tests/tests/model.rs` checks against the HTB reference and `shaper_tests::tuning`
+//!   sweeps the control loop's tick and headroom on.
 //!
 //! The crate has no `unsafe`: system calls go through `nix`, netlink through `rtnetlink`.
 
@@ -34,8 +35,6 @@ pub mod netdev;
 pub mod qdisc;
 pub mod rate;
 pub mod rules;
-#[cfg(any(test, feature = "model"))]
-pub mod tuning;
 
 /// Displays an error with its sources, `: `-separated (for one-line messages: API replies,
 /// `shaperctl` errors).

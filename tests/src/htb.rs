@@ -220,6 +220,24 @@ impl Nodes {
     }
 }
 
+/// HTB's shares (bit/s) of the model's flat classes under a link of `link` bit/s, each class
+/// wanting `demand[i]` (`u64::MAX`: all it can get).
+#[must_use]
+#[expect(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "rates far below 2^52 bit/s"
+)]
+pub fn model_shares(link: u64, classes: &[shaper::model::ClassSpec], demand: &[u64]) -> Vec<u64> {
+    let htb = Htb {
+        link: link as f64,
+        classes: classes.iter().map(|c| Class::new(None, c.rate as f64, c.ceil as f64, c.prio)).collect(),
+    };
+    let want: Vec<f64> = demand.iter().map(|&d| if d == u64::MAX { f64::INFINITY } else { d as f64 }).collect();
+    htb.shares(&want).iter().map(|&s| s.round() as u64).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

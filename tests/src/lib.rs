@@ -16,6 +16,7 @@ pub mod gateway;
 pub mod htb;
 pub mod prometheus;
 pub mod reference;
+pub mod tuning;
 
 use aya::programs::{TestRun, TestRunOptions};
 use shaper::bpf::Datapath;

@@ -447,14 +447,15 @@ fn main() {
 /// The control loop's tick and headroom, swept on the model (`shaper::tuning`); the row of
 /// the defaults is the baseline.
 fn print_tuning() {
-    use shaper::{allocation::demand::HEADROOM_PERCENT, model::MS, tuning};
+    use shaper::{allocation::demand::HEADROOM_PERCENT, model::MS};
+    use shaper_tests::tuning;
     let rows = tuning::sweep(&[5 * MS, 10 * MS, 20 * MS, 50 * MS], &[1, 2, 4, 8]);
     let base = rows
         .iter()
         .find(|t| t.tick_ns == 10 * MS && t.headroom_percent == HEADROOM_PERCENT)
         .expect("the defaults are in the sweep")
         .clone();
-    println!("control loop tuning on the model (seed 000's classes, 10 mbit/s; see shaper::tuning)");
+    println!("control loop tuning on the model (seed 000's classes, 10 mbit/s; see shaper_tests::tuning)");
     println!(
         "{:>5} {:>9} {:>9} {:>11} {:>8} {:>14} {:>14} {:>10}",
         "tick", "headroom", "link use", "share err", "on/off", "pacing p90", "wake overshoot", "x default"

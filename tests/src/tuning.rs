@@ -1,7 +1,7 @@
-//! The control loop's two free parameters, measured on the [`model`](crate::model): the
+//! The control loop's two free parameters, measured on the [`model`](shaper::model): the
 //! tick (how often shaperd reads the counters and rewrites the rates) and the headroom
 //! (how much more than it sends a class that is not limited is given, see
-//! [`demand`](crate::allocation::demand)). [`sweep`] runs the same traffic under each pair and reports
+//! [`demand`](shaper::allocation::demand)). [`sweep`] runs the same traffic under each pair and reports
 //! what each costs; `cargo xtask bench` prints the table.
 //!
 //! The traffic: seed 000's four classes under a 10 mbit/s link (alex 1.9, betty 2.9, carl
@@ -15,10 +15,12 @@
 //! - bursts: alex and betty greedy, carl writing 16 KB every 50 ms (link use, shares);
 //! - wake: alex, betty and carl start at once (what the link carries over its rate).
 
-use crate::model::{
-    reference, roommates, simulate_with_headroom, ClassSpec, Run, Source, GREEDY, MBIT, MS, SECOND, WRITES,
-    WRITES_SHARES,
-};
+use shaper::model::{roommates, simulate_with_headroom, ClassSpec, Run, Source, GREEDY, MBIT, MS, SECOND, WRITES};
+
+use crate::htb::model_shares as reference;
+
+/// What [`WRITES`] sends, bit/s: 16 KB every 50 ms.
+const WRITES_BITS: u64 = 16_384 * 8 * 20;
 
 const LINK: u64 = 10 * MBIT;
 const HORIZON: u64 = 200 * MS;
@@ -95,8 +97,9 @@ pub fn measure(tick_ns: u64, headroom_percent: u64) -> Tuning {
     let off = reference(LINK, &on_off_classes, &[u64::MAX, 0, 2 * MBIT, 0])[0];
     let alex = on_off_run.rates(2 * SECOND, DURATION)[0];
 
-    let bursts_run = run(&roommates([GREEDY, GREEDY, WRITES, IDLE]));
-    let bursts_error = share_error(&bursts_run, &WRITES_SHARES);
+    let bursts = roommates([GREEDY, GREEDY, WRITES, IDLE]);
+    let bursts_run = run(&bursts);
+    let bursts_error = share_error(&bursts_run, &reference(LINK, &bursts, &[u64::MAX, u64::MAX, WRITES_BITS, 0]));
 
     let wake_run = run(&roommates([GREEDY, GREEDY, GREEDY, IDLE]));
     let wake_overshoot = wake_run.max_in_window(None, 100 * MS, 0).saturating_sub(LINK / 8 / 10);
@@ -126,7 +129,7 @@ mod tests {
     /// scenario (the model's tests check each scenario more closely).
     #[test]
     fn the_chosen_tick_and_headroom_meet_the_targets() {
-        let t = measure(10 * MS, crate::allocation::demand::HEADROOM_PERCENT);
+        let t = measure(10 * MS, shaper::allocation::demand::HEADROOM_PERCENT);
         assert!(t.link_use >= 97.0 && t.share_error <= 3.0 && t.on_off >= 96.0 && t.pacing_change < 50, "{t:?}");
     }
 }
