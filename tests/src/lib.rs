@@ -14,6 +14,7 @@ pub mod bench;
 pub mod chart;
 pub mod gateway;
 pub mod htb;
+pub mod mixes;
 pub mod prometheus;
 pub mod reference;
 pub mod tuning;

@@ -436,12 +436,36 @@ fn main() {
     if !args.short {
         println!();
         print_tuning();
+        println!();
+        print_mixes();
     }
     let regressed = report.regressions();
     if args.check && !regressed.is_empty() {
         eprintln!("shaper-bench: {} ratio(s) past their bound: {}", regressed.len(), regressed.join("; "));
         std::process::exit(1);
     }
+}
+
+/// What the link carries in random mixes of a greedy class with streams, application-limited
+/// writes, small-packet floods and on/off senders, on the model (`shaper_tests::mixes`).
+fn print_mixes() {
+    let mixes = shaper_tests::mixes::scan(200, 7);
+    let below = mixes.iter().filter(|m| m.link_use < 98.0).count();
+    let off = mixes.iter().filter(|m| m.share_error > 3.0).count();
+    let worst = mixes.iter().min_by(|a, b| a.link_use.total_cmp(&b.link_use)).expect("mixes");
+    let mut uses: Vec<f64> = mixes.iter().map(|m| m.link_use).collect();
+    uses.sort_by(f64::total_cmp);
+    println!(
+        "work conservation on the model: {} random mixes, each with a greedy class (see shaper_tests::mixes)",
+        mixes.len()
+    );
+    println!(
+        "  link use: median {:.1} %, p10 {:.1} %, lowest {:.1} %; {below} mixes below 98 %; {off} with a share more than 3 % of the link from HTB's",
+        uses[uses.len() / 2],
+        uses[uses.len() / 10],
+        worst.link_use
+    );
+    println!("  the lowest: {:?}", worst.classes);
 }
 
 /// The control loop's tick and headroom, swept on the model (`shaper::tuning`); the row of
