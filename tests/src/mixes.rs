@@ -72,8 +72,18 @@ fn mix(rng: &mut Rng) -> (Vec<ClassSpec>, Vec<Option<u64>>) {
 
 /// Runs `n` mixes from seed `seed`.
 #[must_use]
-#[expect(clippy::cast_precision_loss, reason = "percentages")]
 pub fn scan(n: usize, seed: u64) -> Vec<Mix> {
+    scan_with(n, seed, simulate)
+}
+
+/// [`scan`] with another simulation of the same signature.
+#[must_use]
+#[expect(clippy::cast_precision_loss, reason = "percentages")]
+pub fn scan_with(
+    n: usize,
+    seed: u64,
+    simulate: fn(u64, &[ClassSpec], u64, u64, u64) -> shaper::model::Run,
+) -> Vec<Mix> {
     let mut rng = Rng(seed | 1);
     (0..n)
         .map(|_| {

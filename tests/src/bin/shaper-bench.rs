@@ -451,6 +451,7 @@ fn main() {
 fn print_mixes() {
     let mixes = shaper_tests::mixes::scan(200, 7);
     let below = mixes.iter().filter(|m| m.link_use < 98.0).count();
+    let over = mixes.iter().filter(|m| m.link_use > 101.0).count();
     let off = mixes.iter().filter(|m| m.share_error > 3.0).count();
     let worst = mixes.iter().min_by(|a, b| a.link_use.total_cmp(&b.link_use)).expect("mixes");
     let mut uses: Vec<f64> = mixes.iter().map(|m| m.link_use).collect();
@@ -460,7 +461,7 @@ fn print_mixes() {
         mixes.len()
     );
     println!(
-        "  link use: median {:.1} %, p10 {:.1} %, lowest {:.1} %; {below} mixes below 98 %; {off} with a share more than 3 % of the link from HTB's",
+        "  link use: median {:.1} %, p10 {:.1} %, lowest {:.1} %; {below} mixes below 98 %, {over} over 101 %; {off} with a share more than 3 % of the link from HTB's",
         uses[uses.len() / 2],
         uses[uses.len() / 10],
         worst.link_use
