@@ -165,6 +165,17 @@ impl Nodes {
         Self { parent, leaf, level, rate, ceil, prio, quantum }
     }
 
+    /// How many classes are above `v` (the top class's children: 1).
+    fn depth(&self, v: usize) -> usize {
+        let mut d = 0;
+        let mut u = v;
+        while let Some(p) = self.parent[u] {
+            d += 1;
+            u = p;
+        }
+        d
+    }
+
     /// Charges `bits` of leaf `v`'s traffic to it and every ancestor.
     fn charge(&self, sent: &mut [f64], v: usize, bits: f64) {
         let mut u = Some(v);
@@ -218,6 +229,61 @@ impl Nodes {
             left -= total * t;
         }
     }
+}
+
+/// What shaper gives each class where it deliberately differs from HTB in nested trees
+/// (`shaper-daemon/src/allocation/tree.rs`): a class's `prio` and weight order it among its
+/// siblings only. Written from that rule, not from the allocator: what a node is given (the
+/// link: all it can use) goes first to each child's guarantee, `min(want, rate)`, then to the
+/// children that want more, lowest prio first and within a prio in proportion to `weight`
+/// (by default the class's rate), each up to its want; and so on down. A node wants its
+/// leaves' wants added up, capped at its ceil. Flat trees: the same as [`Htb::shares`] with
+/// quanta as weights.
+#[must_use]
+pub fn sibling_shares(htb: &Htb, weight: &[f64], demand: &[f64]) -> Vec<f64> {
+    let tree = Nodes::new(htb);
+    let n = tree.parent.len();
+    let mut want = vec![0.0; n];
+    // Children come after their parents in a valid configuration; sum the wants bottom-up by
+    // depth rather than relying on it.
+    let mut order: Vec<usize> = (1..n).collect();
+    order.sort_by_key(|&v| std::cmp::Reverse(tree.depth(v)));
+    for &v in &order {
+        if tree.leaf[v] {
+            want[v] = demand[v - 1].max(0.0).min(tree.ceil[v]);
+        }
+        let p = tree.parent[v].expect("a class has a parent");
+        want[v] = want[v].min(tree.ceil[v]);
+        want[p] += want[v];
+    }
+    let mut given = vec![0.0; n];
+    given[0] = want[0].min(htb.link);
+    let mut top_down = order;
+    top_down.reverse();
+    for a in std::iter::once(0).chain(top_down.into_iter().filter(|&v| !tree.leaf[v])) {
+        let kids: Vec<usize> = (1..n).filter(|&v| tree.parent[v] == Some(a)).collect();
+        let mut left = given[a];
+        for &k in &kids {
+            given[k] = want[k].min(tree.rate[k]);
+            left -= given[k];
+        }
+        for prio in 0..=u8::MAX {
+            let mut active: Vec<usize> = kids.iter().copied().filter(|&k| tree.prio[k] == prio).collect();
+            while left > EPSILON {
+                active.retain(|&k| want[k] - given[k] > EPSILON);
+                if active.is_empty() {
+                    break;
+                }
+                let total: f64 = active.iter().map(|&k| weight[k - 1]).sum();
+                let t = active.iter().map(|&k| (want[k] - given[k]) / weight[k - 1]).fold(left / total, f64::min);
+                for &k in &active {
+                    given[k] += weight[k - 1] * t;
+                }
+                left -= total * t;
+            }
+        }
+    }
+    given[1..].to_vec()
 }
 
 /// HTB's shares (bit/s) of the model's flat classes under a link of `link` bit/s, each class
