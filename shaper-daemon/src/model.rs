@@ -223,10 +223,18 @@ impl Codel {
 /// The class tree of `classes` under a root of rate `link`, node `i + 1` for class `i`.
 #[must_use]
 pub fn tree(link: u64, classes: &[ClassSpec]) -> Tree {
+    tree_of(link, &vec![None; classes.len()], classes)
+}
+
+/// [`tree`] with class `i` under class `parents[i]` (`None`: under the root); parents come
+/// before their children.
+#[must_use]
+pub fn tree_of(link: u64, parents: &[Option<usize>], classes: &[ClassSpec]) -> Tree {
+    assert_eq!(parents.len(), classes.len(), "one parent per class");
     let mut nodes = vec![Node { rate: link, ceil: link, prio: 0, weight: 1, children: Vec::new() }];
     for (i, c) in classes.iter().enumerate() {
         nodes.push(Node { rate: c.rate, ceil: c.ceil, prio: c.prio, weight: c.rate.max(1), children: Vec::new() });
-        nodes[0].children.push(i + 1);
+        nodes[parents[i].map_or(0, |p| p + 1)].children.push(i + 1);
     }
     Tree { nodes }
 }
@@ -236,6 +244,24 @@ pub fn tree(link: u64, classes: &[ClassSpec]) -> Tree {
 #[must_use]
 pub fn simulate(link: u64, classes: &[ClassSpec], duration: u64, tick: u64, horizon: u64) -> Run {
     simulate_with_headroom(link, classes, duration, tick, horizon, demand::HEADROOM_PERCENT)
+}
+
+/// [`simulate`] on the tree of [`tree_of`]; an inner class's source must be [`Source::Idle`]
+/// (its children carry its traffic).
+#[must_use]
+pub fn simulate_tree(
+    link: u64,
+    parents: &[Option<usize>],
+    classes: &[ClassSpec],
+    duration: u64,
+    tick: u64,
+    horizon: u64,
+) -> Run {
+    let tree = tree_of(link, parents, classes);
+    for (i, c) in classes.iter().enumerate() {
+        assert!(tree.is_leaf(i + 1) || c.source == Source::Idle, "class {i} is an inner class with traffic of its own");
+    }
+    simulate_on(&tree, classes, duration, tick, horizon, demand::HEADROOM_PERCENT)
 }
 
 /// [`simulate`] with classes that are not limited given `headroom` percent over their rate
@@ -249,8 +275,13 @@ pub fn simulate_with_headroom(
     horizon: u64,
     headroom: u64,
 ) -> Run {
+    simulate_on(&tree(link, classes), classes, duration, tick, horizon, headroom)
+}
+
+/// The simulation of `classes` on `tree` (node `i + 1` for class `i`).
+fn simulate_on(tree: &Tree, classes: &[ClassSpec], duration: u64, tick: u64, horizon: u64, headroom: u64) -> Run {
     const STEP: u64 = 20_000;
-    let tree = tree(link, classes);
+    let link = tree.nodes[0].rate;
     let mut st: Vec<ClassState> = classes
         .iter()
         .map(|c| ClassState {
@@ -296,9 +327,11 @@ pub fn simulate_with_headroom(
                     c,
                     &Observation { now_ns: now, counters: s.counters, backlog_ns, pacing: s.rate * 8 },
                 );
-                leaves[c + 1] = Leaf::new(&e, backlog_ns);
+                if tree.is_leaf(c + 1) {
+                    leaves[c + 1] = Leaf::new(&e, backlog_ns);
+                }
             }
-            let rates = pacer.tick(&tree, &leaves, now);
+            let rates = pacer.tick(tree, &leaves, now);
             for (c, s) in st.iter_mut().enumerate() {
                 s.rate = rates.pacing[c + 1] / 8;
                 s.mode = rates.mode[c + 1];

@@ -289,19 +289,39 @@ pub fn sibling_shares(htb: &Htb, weight: &[f64], demand: &[f64]) -> Vec<f64> {
 /// HTB's shares (bit/s) of the model's flat classes under a link of `link` bit/s, each class
 /// wanting `demand[i]` (`u64::MAX`: all it can get).
 #[must_use]
+pub fn model_shares(link: u64, classes: &[shaper::model::ClassSpec], demand: &[u64]) -> Vec<u64> {
+    model_tree_shares(link, &vec![None; classes.len()], classes, demand).0
+}
+
+/// For the model's tree of `classes` (class `i` under `parents[i]`, as `model::tree_of`)
+/// under a link of `link` bit/s, each leaf wanting `demand[i]` (`u64::MAX`: all it can get):
+/// HTB's shares, and those of shaper's rule for nested trees ([`sibling_shares`], weights by
+/// rate), bit/s.
+#[must_use]
 #[expect(
     clippy::cast_precision_loss,
     clippy::cast_possible_truncation,
     clippy::cast_sign_loss,
     reason = "rates far below 2^52 bit/s"
 )]
-pub fn model_shares(link: u64, classes: &[shaper::model::ClassSpec], demand: &[u64]) -> Vec<u64> {
+pub fn model_tree_shares(
+    link: u64,
+    parents: &[Option<usize>],
+    classes: &[shaper::model::ClassSpec],
+    demand: &[u64],
+) -> (Vec<u64>, Vec<u64>) {
     let htb = Htb {
         link: link as f64,
-        classes: classes.iter().map(|c| Class::new(None, c.rate as f64, c.ceil as f64, c.prio)).collect(),
+        classes: classes
+            .iter()
+            .zip(parents)
+            .map(|(c, &p)| Class::new(p, c.rate as f64, c.ceil as f64, c.prio))
+            .collect(),
     };
     let want: Vec<f64> = demand.iter().map(|&d| if d == u64::MAX { f64::INFINITY } else { d as f64 }).collect();
-    htb.shares(&want).iter().map(|&s| s.round() as u64).collect()
+    let weights: Vec<f64> = classes.iter().map(|c| c.rate.max(1) as f64).collect();
+    let bits = |v: Vec<f64>| v.iter().map(|&s| s.round() as u64).collect();
+    (bits(htb.shares(&want)), bits(sibling_shares(&htb, &weights, &want)))
 }
 
 #[cfg(test)]

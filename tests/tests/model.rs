@@ -358,3 +358,69 @@ proptest! {
         }
     }
 }
+
+/// A two-level tree under a 10 mbit/s link: house (rate 4, prio 1) with alex (2, prio 1) and
+/// betty (2, prio 0), office (3, prio 0); every ceil the link, 3 mbit/s unallocated.
+fn house_and_office(alex: Source, betty: Source, office: Source) -> (Vec<Option<usize>>, Vec<ClassSpec>) {
+    let c = |rate, prio, source| ClassSpec { rate, ceil: 10 * MBIT, prio, source };
+    (
+        vec![None, Some(0), Some(0), None],
+        vec![c(4 * MBIT, 1, Source::Idle), c(2 * MBIT, 1, alex), c(2 * MBIT, 0, betty), c(3 * MBIT, 0, office)],
+    )
+}
+
+/// Nested classes with greedy and steady senders get what shaper's rule for nested trees
+/// gives them (`htb::sibling_shares`): HTB's shares where the leaves' own prios and quanta do
+/// not change the order, and the one named difference where they do (first row).
+#[test]
+fn nested_classes_share_by_their_rule() {
+    let udp = |bits| Source::Udp { bits, size: 1514 };
+    let rows = [
+        // Everyone greedy. The link's spare goes to the office (prio 0) ahead of the house
+        // (prio 1): 2 / 2 / 6. HTB has betty borrow it with her own prio 0, beside the
+        // office, by their quanta: 2 / 3.2 / 4.8.
+        ([GREEDY, GREEDY, GREEDY], [u64::MAX, u64::MAX, u64::MAX], true),
+        // Betty streams 1 mbit/s: alex takes the house's spare, the office the link's.
+        ([GREEDY, udp(MBIT), GREEDY], [u64::MAX, MBIT, u64::MAX], false),
+        // The office idle: the house takes the link, betty (prio 0) first.
+        ([GREEDY, GREEDY, Source::Idle], [u64::MAX, u64::MAX, 0], false),
+        // Betty idle: alex takes the house's spare, the office the link's.
+        ([GREEDY, Source::Idle, GREEDY], [u64::MAX, 0, u64::MAX], false),
+        // The office streams 4 mbit/s, 1 over its guarantee: that first, the rest to betty.
+        ([GREEDY, GREEDY, udp(4 * MBIT)], [u64::MAX, u64::MAX, 4 * MBIT], false),
+    ];
+    for (sources, demand, differs) in rows {
+        let [a, b, o] = sources;
+        let (parents, classes) = house_and_office(a, b, o);
+        let run = shaper::model::simulate_tree(10 * MBIT, &parents, &classes, 6 * SECOND, 10 * MS, 200 * MS);
+        let got = run.rates(3 * SECOND, 6 * SECOND);
+        let want = [0, demand[0], demand[1], demand[2]];
+        // Those that send less than they get want their headroom more (see `demand`).
+        let padded: Vec<u64> = want
+            .iter()
+            .map(|&d| {
+                if d == u64::MAX || d == 0 {
+                    d
+                } else {
+                    d / 100 * (100 + demand::HEADROOM_PERCENT) + demand::HEADROOM_FLOOR
+                }
+            })
+            .collect();
+        let (htb, rule) = shaper_tests::htb::model_tree_shares(10 * MBIT, &parents, &classes, &padded);
+        println!("shaper {:?}, its rule {:?}, HTB {:?}", mbit(&got), mbit(&rule), mbit(&htb));
+        let apart = (1..4).any(|l| htb[l].abs_diff(rule[l]) > rule[l] * 3 / 100);
+        assert_eq!(apart, differs, "the rule and HTB: {:?} and {:?}", mbit(&rule), mbit(&htb));
+        for leaf in 1..4 {
+            let e = rule[leaf].min(want[leaf]);
+            assert!(
+                got[leaf].abs_diff(e) <= (e * 3 / 100).max(40_000),
+                "class {leaf}: {:?} against the rule's {:?} (HTB {:?})",
+                mbit(&got),
+                mbit(&rule),
+                mbit(&htb)
+            );
+        }
+        let total: u64 = got[1..].iter().sum();
+        assert!(total * 100 >= 98 * 10 * MBIT, "link use {:?}", mbit(&got));
+    }
+}
