@@ -367,8 +367,24 @@ enum Load {
 struct Row {
     what: &'static str,
     loads: [Load; 4],
-    /// Expected wire rates, mbit/s (0 for idle hosts).
+    /// Expected wire rates, mbit/s (0 for idle hosts): HTB's shares of the roommates' classes
+    /// (`shaper_tests::htb`).
     expected: [f64; 4],
+}
+
+impl Row {
+    fn new(what: &'static str, loads: [Load; 4]) -> Self {
+        let config = shaper::config::Config::parse(ROOMMATES, std::path::Path::new("roommates.toml"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let want = loads.map(|l| match l {
+            Load::Idle => 0.0,
+            Load::Greedy => f64::INFINITY,
+            Load::Wire(bits) => bits,
+        });
+        let shares = shaper_tests::htb::Htb::from_config(&config).shares(&want);
+        let expected = std::array::from_fn(|i| shares[i] / 1e6);
+        Self { what, loads, expected }
+    }
 }
 
 const G: Load = Load::Greedy;
@@ -376,16 +392,12 @@ const I: Load = Load::Idle;
 
 fn seed_000_rows() -> Vec<Row> {
     vec![
-        Row { what: "alex alone", loads: [G, I, I, I], expected: [10.0, 0.0, 0.0, 0.0] },
-        Row { what: "alex + betty", loads: [G, G, I, I], expected: [3.96, 6.04, 0.0, 0.0] },
-        Row { what: "alex + betty + carl", loads: [G, G, G, I], expected: [1.96, 2.99, 5.05, 0.0] },
-        Row { what: "alex + guest", loads: [G, I, I, G], expected: [1.9, 0.0, 0.0, 8.1] },
-        Row { what: "all four", loads: [G, G, G, G], expected: [1.9, 2.9, 4.9, 0.3] },
-        Row {
-            what: "alex, betty greedy; carl sends 2.5",
-            loads: [G, G, Load::Wire(2.5e6), I],
-            expected: [2.97, 4.53, 2.5, 0.0],
-        },
+        Row::new("alex alone", [G, I, I, I]),
+        Row::new("alex + betty", [G, G, I, I]),
+        Row::new("alex + betty + carl", [G, G, G, I]),
+        Row::new("alex + guest", [G, I, I, G]),
+        Row::new("all four", [G, G, G, G]),
+        Row::new("alex, betty greedy; carl sends 2.5", [G, G, Load::Wire(2.5e6), I]),
     ]
 }
 
