@@ -88,12 +88,6 @@ impl Htb {
         Self { link, classes }
     }
 
-    /// Whether class `i` has no children.
-    #[must_use]
-    pub fn is_leaf(&self, i: usize) -> bool {
-        !self.classes.iter().any(|c| c.parent == Some(i))
-    }
-
     /// What each class sends (bit/s; an inner class: its leaves' sum) when each leaf would
     /// send `demand[i]` (inner classes' entries are ignored).
     #[must_use]
@@ -126,6 +120,17 @@ impl Htb {
     }
 }
 
+/// How many classes are above node `v` (the top class's children: 1).
+fn depth(parent: &[Option<usize>], v: usize) -> usize {
+    let mut d = 0;
+    let mut u = v;
+    while let Some(p) = parent[u] {
+        d += 1;
+        u = p;
+    }
+    d
+}
+
 /// The tree as arrays over nodes, the top class at 0.
 struct Nodes {
     parent: Vec<Option<usize>>,
@@ -145,13 +150,8 @@ impl Nodes {
         let leaf: Vec<bool> = (0..n).map(|v| !parent.contains(&Some(v))).collect();
         let mut level = vec![TOP_LEVEL; n];
         for v in 1..n {
-            // Parents come before children in a valid configuration, but do not rely on it.
-            let mut depth = 0u8;
-            let mut u = v;
-            while let Some(p) = parent[u] {
-                depth += 1;
-                u = p;
-            }
+            // A class's level is its parent's minus one: the top class's less its depth.
+            let depth = u8::try_from(depth(&parent, v)).expect("HTB's tree is at most 8 deep");
             level[v] = if leaf[v] { 0 } else { TOP_LEVEL - depth };
         }
         let mut rate = vec![htb.link];
@@ -163,17 +163,6 @@ impl Nodes {
         let mut quantum = vec![0.0];
         quantum.extend(htb.classes.iter().map(|c| c.quantum));
         Self { parent, leaf, level, rate, ceil, prio, quantum }
-    }
-
-    /// How many classes are above `v` (the top class's children: 1).
-    fn depth(&self, v: usize) -> usize {
-        let mut d = 0;
-        let mut u = v;
-        while let Some(p) = self.parent[u] {
-            d += 1;
-            u = p;
-        }
-        d
     }
 
     /// Charges `bits` of leaf `v`'s traffic to it and every ancestor.
@@ -247,7 +236,7 @@ pub fn sibling_shares(htb: &Htb, weight: &[f64], demand: &[f64]) -> Vec<f64> {
     // Children come after their parents in a valid configuration; sum the wants bottom-up by
     // depth rather than relying on it.
     let mut order: Vec<usize> = (1..n).collect();
-    order.sort_by_key(|&v| std::cmp::Reverse(tree.depth(v)));
+    order.sort_by_key(|&v| std::cmp::Reverse(depth(&tree.parent, v)));
     for &v in &order {
         if tree.leaf[v] {
             want[v] = demand[v - 1].max(0.0).min(tree.ceil[v]);
