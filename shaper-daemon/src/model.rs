@@ -51,6 +51,8 @@ pub fn roommates(sources: [Source; 4]) -> Vec<ClassSpec> {
 
 /// An application that writes 16 KB every 50 ms (2.6 mbit/s: a video player's segments).
 pub const WRITES: Source = Source::Bursts { burst: 16_384, period_ns: 50 * MS };
+/// What [`WRITES`] sends, bits/s.
+pub const WRITES_BITS: u64 = 16_384 * 8 * SECOND / (50 * MS);
 /// What one class's traffic does.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Source {

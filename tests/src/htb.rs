@@ -54,6 +54,18 @@ impl Class {
     }
 }
 
+/// What a leaf sending `bits` bit/s wants, as [`Htb::shares`] takes it: `u64::MAX` (greedy) is
+/// all it can get.
+#[must_use]
+#[expect(clippy::cast_precision_loss, reason = "rates far below 2^52 bit/s")]
+pub fn want(bits: u64) -> f64 {
+    if bits == u64::MAX {
+        f64::INFINITY
+    } else {
+        bits as f64
+    }
+}
+
 /// The quantum (bytes) HTB computes for a leaf of `rate` bit/s when none is given.
 #[must_use]
 pub fn quantum(rate: f64) -> f64 {
@@ -307,10 +319,10 @@ pub fn model_tree_shares(
             .map(|(c, &p)| Class::new(p, c.rate as f64, c.ceil as f64, c.prio))
             .collect(),
     };
-    let want: Vec<f64> = demand.iter().map(|&d| if d == u64::MAX { f64::INFINITY } else { d as f64 }).collect();
+    let wants: Vec<f64> = demand.iter().copied().map(want).collect();
     let weights: Vec<f64> = classes.iter().map(|c| c.rate.max(1) as f64).collect();
     let bits = |v: Vec<f64>| v.iter().map(|&s| s.round() as u64).collect();
-    (bits(htb.shares(&want)), bits(sibling_shares(&htb, &weights, &want)))
+    (bits(htb.shares(&wants)), bits(sibling_shares(&htb, &weights, &wants)))
 }
 
 #[cfg(test)]

@@ -15,12 +15,11 @@
 //! - bursts: alex and betty greedy, carl writing 16 KB every 50 ms (link use, shares);
 //! - wake: alex, betty and carl start at once (what the link carries over its rate).
 
-use shaper::model::{roommates, simulate_with_headroom, ClassSpec, Run, Source, GREEDY, MBIT, MS, SECOND, WRITES};
+use shaper::model::{
+    roommates, simulate_with_headroom, ClassSpec, Run, Source, GREEDY, MBIT, MS, SECOND, WRITES, WRITES_BITS,
+};
 
 use crate::htb::model_shares as reference;
-
-/// What [`WRITES`] sends, bit/s: 16 KB every 50 ms.
-const WRITES_BITS: u64 = 16_384 * 8 * 20;
 
 const LINK: u64 = 10 * MBIT;
 const HORIZON: u64 = 200 * MS;

@@ -54,9 +54,8 @@ impl Spec {
     }
 
     /// The demands as the reference takes them (greedy: infinite).
-    #[expect(clippy::cast_precision_loss, reason = "as above")]
     fn want(&self) -> Vec<f64> {
-        self.demand.iter().map(|&d| if d == u64::MAX { f64::INFINITY } else { d as f64 }).collect()
+        self.demand.iter().copied().map(htb::want).collect()
     }
 
     /// Both allocations, per class: (shaper's, HTB's).

@@ -6,13 +6,10 @@
 use proptest::prelude::*;
 use shaper::{
     allocation::demand,
-    model::{roommates, simulate, ClassSpec, Run, Source, GREEDY, MBIT, MS, SECOND, WRITES},
+    model::{roommates, simulate, ClassSpec, Run, Source, GREEDY, MBIT, MS, SECOND, WRITES, WRITES_BITS},
 };
 use shaper_common::{FULL_FRAME, LINK_SLACK_PERCENT};
 use shaper_tests::htb::model_shares as reference;
-
-/// What [`WRITES`] sends, bit/s: 16 KB every 50 ms.
-const WRITES_BITS: u64 = 16_384 * 8 * 20;
 
 const TICK: u64 = 10 * MS;
 const HORIZON: u64 = 200 * MS;
@@ -283,6 +280,22 @@ fn arb_classes() -> impl Strategy<Value = Vec<ClassSpec>> {
 }
 
 /// What a steady source wants, bits/s; `None` for sources whose demand changes over time.
+/// What classes that send `demand` (bits/s; `u64::MAX`: greedy) want of the allocator: the
+/// steady ones 2 % more than they send, their headroom, which is not lent (see `demand`); an
+/// idle class nothing.
+fn with_headroom(demand: &[u64]) -> Vec<u64> {
+    demand
+        .iter()
+        .map(|&d| {
+            if d == u64::MAX || d == 0 {
+                d
+            } else {
+                d / 100 * (100 + demand::HEADROOM_PERCENT) + demand::HEADROOM_FLOOR
+            }
+        })
+        .collect()
+}
+
 fn steady_demand(source: &Source) -> Option<u64> {
     match *source {
         Source::Idle => Some(0),
@@ -332,11 +345,7 @@ proptest! {
             prop_assert!(first <= link / 8 / 10 + waking + 3 * FULL_FRAME, "link: {} bytes in the first 100 ms", first);
             // HTB's shares when the steady classes want 2 % more than they send: their
             // headroom, which is not lent (see `demand`).
-            let padded: Vec<u64> = demand
-                .iter()
-                .map(|&d| if d == u64::MAX { d } else { d / 100 * (100 + demand::HEADROOM_PERCENT) + demand::HEADROOM_FLOOR })
-                .collect();
-            let mut expected = reference(link, &classes, &padded);
+            let mut expected = reference(link, &classes, &with_headroom(&demand));
             for (e, &d) in expected.iter_mut().zip(&demand) {
                 *e = (*e).min(d);
             }
@@ -395,18 +404,7 @@ fn nested_classes_share_by_their_rule() {
         let run = shaper::model::simulate_tree(10 * MBIT, &parents, &classes, 6 * SECOND, 10 * MS, 200 * MS);
         let got = run.rates(3 * SECOND, 6 * SECOND);
         let want = [0, demand[0], demand[1], demand[2]];
-        // Those that send less than they get want their headroom more (see `demand`).
-        let padded: Vec<u64> = want
-            .iter()
-            .map(|&d| {
-                if d == u64::MAX || d == 0 {
-                    d
-                } else {
-                    d / 100 * (100 + demand::HEADROOM_PERCENT) + demand::HEADROOM_FLOOR
-                }
-            })
-            .collect();
-        let (htb, rule) = shaper_tests::htb::model_tree_shares(10 * MBIT, &parents, &classes, &padded);
+        let (htb, rule) = shaper_tests::htb::model_tree_shares(10 * MBIT, &parents, &classes, &with_headroom(&want));
         println!("shaper {:?}, its rule {:?}, HTB {:?}", mbit(&got), mbit(&rule), mbit(&htb));
         let apart = (1..4).any(|l| htb[l].abs_diff(rule[l]) > rule[l] * 3 / 100);
         assert_eq!(apart, differs, "the rule and HTB: {:?} and {:?}", mbit(&rule), mbit(&htb));

@@ -406,21 +406,17 @@ fn compare<T: Send>(
 fn expectation(config: &str, flows: &[Flow]) -> Vec<f64> {
     let config = parse(config);
     let htb = Htb::from_config(&config);
-    #[expect(clippy::cast_precision_loss, reason = "rates far below 2^52 bit/s")]
     let demand: Vec<f64> = config
         .classes
         .iter()
         .map(|c| {
-            let want = flows
-                .iter()
-                .filter(|f| f.class == c.name.as_str())
-                .map(|f| f.source.demand())
-                .fold(0, u64::saturating_add);
-            if want == u64::MAX {
-                f64::INFINITY
-            } else {
-                want as f64
-            }
+            shaper_tests::htb::want(
+                flows
+                    .iter()
+                    .filter(|f| f.class == c.name.as_str())
+                    .map(|f| f.source.demand())
+                    .fold(0, u64::saturating_add),
+            )
         })
         .collect();
     let shares = htb.shares(&demand);
